@@ -1,0 +1,24 @@
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+demo: $(STAMP)
+	$(VENV)/bin/metatable demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/mdt_lookup.py
+
+clean:
+	rm -rf $(VENV) demo-data bench-data

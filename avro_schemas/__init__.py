@@ -1,0 +1,1 @@
+"""Avro schemas (.avsc) for every record metatable writes; loaded by metatable.schemas."""

@@ -1,0 +1,1 @@
+"""Index logic: key encoding, hashing and (later) bucket, bloom and consistent-hashing assignment."""

@@ -1,0 +1,61 @@
+"""Every configuration key, defined once with its type, default and doc.
+
+Options are plain `dict[str, value]` keyed by the dotted names below; `resolve`
+fills defaults and rejects unknown keys or bad values with a message that lists
+what is valid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    type: type
+    default: Any
+    doc: str
+    minimum: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    def check(self, value: Any) -> Any:
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if self.type is int and isinstance(value, bool) or not isinstance(value, self.type):
+            raise ConfigError(f"option {self.name} must be {self.type.__name__}, got {value!r} ({self.doc})")
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(f"option {self.name} must be >= {self.minimum}, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"option {self.name} must be one of {list(self.choices)}, got {value!r}")
+        return value
+
+
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in [
+        Option("metadata.compact.max_delta_commits", int, 10,
+               "compact a metadata file group once it has this many log files", minimum=1),
+        Option("metadata.clean.retain_file_slices", int, 2,
+               "file slices kept per metadata file group by clean (the latest counts)", minimum=1),
+        Option("metadata.auto_compact", bool, True, "compact (and clean) the metadata table after each commit"),
+        Option("lock.timeout_s", float, 60.0, "how long to wait for the table lock", minimum=0.0),
+        Option("heartbeat.interval_s", float, 5.0, "how often an inflight writer refreshes its heartbeat",
+               minimum=0.01),
+        Option("heartbeat.tolerable_misses", int, 6,
+               "a heartbeat older than interval * misses marks the writer dead", minimum=1),
+    ]
+}
+
+
+def resolve(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Defaults overlaid with `options`; unknown keys and bad values raise ConfigError."""
+    resolved = {name: o.default for name, o in OPTIONS.items()}
+    for name, value in (options or {}).items():
+        if name not in OPTIONS:
+            valid = "\n  ".join(f"{o.name} ({o.type.__name__}, default {o.default!r}): {o.doc}" for o in OPTIONS.values())
+            raise ConfigError(f"unknown option {name!r}; valid options:\n  {valid}")
+        resolved[name] = OPTIONS[name].check(value)
+    return resolved

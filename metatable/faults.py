@@ -1,0 +1,24 @@
+"""Named crash points for failure testing.
+
+`METATABLE_CRASH_AT=<point>[:<n>]` makes the process SIGKILL itself the n-th
+time (default first) it reaches `point`. Unset (always, outside tests) this is
+a dictionary lookup and nothing more.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+_hits: dict[str, int] = {}
+
+
+def crash_point(name: str) -> None:
+    spec = os.environ.get("METATABLE_CRASH_AT")
+    if not spec:
+        return
+    point, _, nth = spec.partition(":")
+    if point != name:
+        return
+    _hits[name] = _hits.get(name, 0) + 1
+    if _hits[name] >= int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,188 @@
+"""One metadata file group as seen by a snapshot: its latest file slice, merged on read.
+
+A file slice is an SST base (from a completed compaction, or none at bootstrap)
+plus the log files written after it. Logs count only if their instant is valid
+in the snapshot (completed on the authority timeline) and not undone by a valid
+rollback block; they are applied in (instant, version) order. A base always
+holds one sentinel entry under the empty key, so an all-deleted compaction
+still leaves a base that proves the slice exists.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+from .base_file import BaseFile
+from .instant import BOOTSTRAP_TIME
+from .log_file import BlockKind, LogFile, read_log, read_log_header
+from .metadata_records import Record, RecordKind
+from .sst_file import SstCache, SstReader
+from .storage import Storage
+
+SENTINEL_KEY = b""
+SST_EXTENSION = "sst"
+
+
+def log_instant(log: LogFile) -> str:
+    """Metadata log write tokens are `<instant>-<nonce>`: validity is known without opening the file."""
+    return log.write_token.split("-", 1)[0]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a reader may see: fixed when the reader opens."""
+
+    valid_instants: frozenset[str]     # record blocks of these instants are visible
+    rollbacks: frozenset[str]          # completed rollback instants (their blocks are commands)
+    compactions: frozenset[str]        # completed compaction instants (their bases are visible)
+
+
+@dataclass(frozen=True)
+class FileSlice:
+    file_id: str
+    base_instant: str
+    base: BaseFile | None
+    logs: tuple[LogFile, ...]  # every log of the slice, valid or not, in (instant, version) order
+
+
+def resolve_slice(file_id: str, names: list[str], compactions: frozenset[str]) -> FileSlice:
+    """The latest slice of a file group from a directory listing."""
+    bases = []
+    logs = []
+    for name in names:
+        if name.startswith(".") and LogFile.is_log_name(name):
+            lf = LogFile.parse(name)
+            if lf.file_id == file_id:
+                logs.append(lf)
+        elif name.startswith(file_id + "_") and name.endswith("." + SST_EXTENSION):
+            bf = BaseFile.parse(name)
+            if bf.file_id == file_id and bf.instant in compactions:
+                bases.append(bf)
+    base = max(bases, key=lambda b: b.instant, default=None)
+    base_instant = base.instant if base else BOOTSTRAP_TIME
+    slice_logs = [lf for lf in logs
+                  if lf.base_instant == base_instant
+                  or (lf.base_instant > base_instant and lf.base_instant not in compactions)]
+    slice_logs.sort(key=lambda lf: (log_instant(lf), lf.version))
+    return FileSlice(file_id, base_instant, base, tuple(slice_logs))
+
+
+class MetadataFileGroup:
+    """Merged reads of one file group's latest slice; logs are read once, on first use."""
+
+    def __init__(self, storage: Storage, directory: str, file_slice: FileSlice, kind: RecordKind,
+                 snapshot: Snapshot, sst_cache: SstCache) -> None:
+        self.storage = storage
+        self.directory = directory
+        self.slice = file_slice
+        self.kind = kind
+        self.snapshot = snapshot
+        self.sst_cache = sst_cache
+        self._log_records: dict[str, list[Record]] | None = None
+        self._log_keys: list[str] = []
+        self._base: SstReader | None = None
+
+    # -- slice contents -----------------------------------------------------------------------
+    def valid_logs(self) -> list[LogFile]:
+        """Record and rollback logs this snapshot may read (rolled-back instants not yet excluded)."""
+        snap = self.snapshot
+        return [lf for lf in self.slice.logs
+                if log_instant(lf) in snap.valid_instants or log_instant(lf) in snap.rollbacks]
+
+    def _load_logs(self) -> dict[str, list[Record]]:
+        if self._log_records is not None:
+            return self._log_records
+        blocks = [read_log(self.storage, os.path.join(self.directory, lf.file_name)) for lf in self.valid_logs()]
+        undone = {b.target_instant for b in blocks
+                  if b.kind is BlockKind.ROLLBACK and b.instant in self.snapshot.rollbacks}
+        records: dict[str, list[Record]] = {}
+        decode = self.kind.decode
+        for block in blocks:
+            if block.kind is not BlockKind.RECORDS or block.instant in undone \
+                    or block.instant not in self.snapshot.valid_instants:
+                continue
+            for key, raw in block.entries:
+                records.setdefault(key, []).append(decode(raw))
+        self._log_records = records
+        self._log_keys = sorted(records)
+        return records
+
+    def base_reader(self) -> SstReader | None:
+        if self.slice.base is None:
+            return None
+        if self._base is None:
+            self._base = self.sst_cache.reader(os.path.join(self.directory, self.slice.base.file_name))
+        return self._base
+
+    # -- reads (raw merged records; the caller applies visibility) --------------------------------
+    def get_many(self, keys: list[str]) -> list[Record | None]:
+        logs = self._load_logs()
+        base = self.base_reader()
+        raws = base.get_many([k.encode() for k in keys]) if base is not None else [None] * len(keys)
+        kind = self.kind
+        out: list[Record | None] = []
+        decode = kind.decode
+        for key, raw in zip(keys, raws):
+            pending = logs.get(key)
+            if pending is None:
+                out.append(None if raw is None else decode(raw))
+            else:
+                out.append(kind.fold([decode(raw), *pending] if raw is not None else pending))
+        return out
+
+    def _aligned(self, prefix: str) -> Iterator[tuple[str, bytes | None, list[Record] | None]]:
+        """(key, base bytes, log records) for every key with `prefix`, in key order."""
+        logs = self._load_logs()
+        keys = self._log_keys
+        log_iter = _takewhile_prefix(iter(keys[bisect.bisect_left(keys, prefix):]), prefix)
+        base = self.base_reader()
+        base_iter = ((k.decode(), v) for k, v in base.scan(prefix.encode()) if k != SENTINEL_KEY) \
+            if base is not None else iter(())
+        b = next(base_iter, None)
+        lk = next(log_iter, None)
+        while b is not None or lk is not None:
+            if lk is None or (b is not None and b[0] < lk):
+                yield b[0], b[1], None
+                b = next(base_iter, None)
+            elif b is None or lk < b[0]:
+                yield lk, None, logs[lk]
+                lk = next(log_iter, None)
+            else:
+                yield lk, b[1], logs[lk]
+                b = next(base_iter, None)
+                lk = next(log_iter, None)
+
+    def _merge(self, raw: bytes | None, pending: list[Record] | None) -> Record:
+        if pending is None:
+            return self.kind.decode(raw)
+        return self.kind.fold([self.kind.decode(raw), *pending] if raw is not None else pending)
+
+    def scan(self, prefix: str = "") -> Iterator[tuple[str, Record]]:
+        """Raw merged records with keys starting with `prefix`, in key order."""
+        for key, raw, pending in self._aligned(prefix):
+            yield key, self._merge(raw, pending)
+
+    def compacted_items(self) -> Iterator[tuple[bytes, bytes]]:
+        """The new base: the sentinel, then base entries copied as bytes where no log touched them and
+        merged records where one did; keys whose merged state is absent are dropped."""
+        yield SENTINEL_KEY, b""
+        kind = self.kind
+        for key, raw, pending in self._aligned(""):
+            if pending is None:
+                yield key.encode(), raw
+            else:
+                record = kind.compacted(self._merge(raw, pending))
+                if record is not None:
+                    yield key.encode(), kind.encode(record)
+
+    def close(self) -> None:
+        self._base = None
+
+
+def _takewhile_prefix(keys: Iterator[str], prefix: str) -> Iterator[str]:
+    for k in keys:
+        if not k.startswith(prefix):
+            return
+        yield k

@@ -1,0 +1,200 @@
+"""Metadata records per partition kind: Avro codec, tombstones and merge rules.
+
+Merge rules are the contract in DESIGN.md ("Merge rules"). Every rule is
+associative so base+logs and logs-only merges agree; where a rule alone would
+not be (a live record after a tombstone), the merge result carries the
+tombstone's shielding: `is_deleted` with live files for `files`, `resets` for
+`column_stats`. A record is "raw" (as stored, tombstones included) until
+`visible()` turns it into what readers get, or None when the key is absent.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import io
+from typing import Any, Iterable
+
+import fastavro
+
+from .errors import MetatableError
+from .schemas import schema
+
+Record = dict[str, Any]
+
+
+class MetadataIntegrityError(MetatableError):
+    """Merged metadata breaks an invariant (e.g. a hashing_meta seq_no that does not advance)."""
+
+
+class RecordKind:
+    """The records of one metadata partition kind."""
+
+    name: str
+
+    def __init__(self) -> None:
+        self.schema = schema(self.name)
+
+    def encode(self, record: Record) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, self.schema, record)
+        return buf.getvalue()
+
+    def decode(self, raw: bytes) -> Record:
+        return fastavro.schemaless_reader(io.BytesIO(raw), self.schema, None)
+
+    def decode_many(self, raws: Iterable[bytes]) -> list[Record]:
+        reader, sch = fastavro.schemaless_reader, self.schema
+        return [reader(io.BytesIO(r), sch, None) for r in raws]
+
+    def tombstone(self) -> Record:
+        raise NotImplementedError
+
+    def merge(self, older: Record, newer: Record) -> Record:
+        raise NotImplementedError
+
+    def visible(self, record: Record) -> Record | None:
+        return None if record["is_deleted"] else record
+
+    def compacted(self, record: Record) -> Record | None:
+        """What a base file stores for a merged record (nothing is older than a base), None to drop it."""
+        return self.visible(record)
+
+    def check_successor(self, current: Record | None, new: Record) -> None:
+        """Commit-time invariant between the current merged record and a new one (none by default)."""
+
+    def fold(self, records: Iterable[Record]) -> Record | None:
+        """Merge oldest first."""
+        merged: Record | None = None
+        for r in records:
+            merged = r if merged is None else self.merge(merged, r)
+        return merged
+
+
+class FilesKind(RecordKind):
+    name = "files"
+
+    def tombstone(self) -> Record:
+        return {"files": {}, "is_deleted": True}
+
+    @staticmethod
+    def _live(files: dict[str, Any]) -> dict[str, Any]:
+        return {n: e for n, e in files.items() if not e["is_deleted"]}
+
+    def merge(self, older: Record, newer: Record) -> Record:
+        if newer["is_deleted"]:
+            return {"files": self._live(newer["files"]), "is_deleted": True}
+        old_files = older["files"]
+        files = dict(old_files)
+        for name, entry in newer["files"].items():
+            before = old_files.get(name)
+            before_live = before is not None and not before["is_deleted"]
+            if entry["is_deleted"]:
+                if before_live:
+                    del files[name]
+                else:
+                    files[name] = entry
+            elif before_live:
+                files[name] = {"size": max(before["size"], entry["size"]), "is_deleted": False}
+            else:
+                files[name] = entry
+        if older["is_deleted"]:
+            return {"files": self._live(files), "is_deleted": True}
+        return {"files": files, "is_deleted": False}
+
+    def visible(self, record: Record) -> Record | None:
+        live = self._live(record["files"])
+        return {"files": live, "is_deleted": False} if live else None
+
+
+class BloomFilterKind(RecordKind):
+    name = "bloom_filter"
+
+    def tombstone(self) -> Record:
+        return {"file_name": "", "filter_type": "", "instant": "", "bloom_filter": b"", "is_deleted": True}
+
+    def merge(self, older: Record, newer: Record) -> Record:
+        return newer
+
+
+def stat_value(v: Any) -> Any:
+    """A min/max union value as a plain Python value."""
+    if isinstance(v, dict):
+        return v.get("days", v.get("micros"))
+    return v
+
+
+def wrap_stat_value(v: Any) -> Any:
+    """A plain Python value as the min/max union branch that keeps its type."""
+    if isinstance(v, dt.datetime):
+        return {"micros": v}
+    if isinstance(v, dt.date):
+        return {"days": v}
+    return v
+
+
+def _min_max(a: Any, b: Any, pick: Any) -> Any:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return wrap_stat_value(pick(stat_value(a), stat_value(b)))
+
+
+class ColumnStatsKind(RecordKind):
+    name = "column_stats"
+
+    def tombstone(self) -> Record:
+        return {"file_name": "", "column_name": "", "min_value": None, "max_value": None, "null_count": 0,
+                "value_count": 0, "total_size": 0, "is_deleted": True, "resets": False}
+
+    def merge(self, older: Record, newer: Record) -> Record:
+        if newer["is_deleted"] or newer["resets"]:
+            return newer
+        if older["is_deleted"]:
+            return {**newer, "resets": True}
+        return {
+            "file_name": newer["file_name"],
+            "column_name": newer["column_name"],
+            "min_value": _min_max(older["min_value"], newer["min_value"], min),
+            "max_value": _min_max(older["max_value"], newer["max_value"], max),
+            "null_count": older["null_count"] + newer["null_count"],
+            "value_count": older["value_count"] + newer["value_count"],
+            "total_size": older["total_size"] + newer["total_size"],
+            "is_deleted": False,
+            "resets": older["resets"],
+        }
+
+    def visible(self, record: Record) -> Record | None:
+        if record["is_deleted"]:
+            return None
+        return {k: v for k, v in record.items() if k != "resets"}
+
+    def compacted(self, record: Record) -> Record | None:
+        return None if record["is_deleted"] else {**record, "resets": False}
+
+
+class HashingMetaKind(RecordKind):
+    name = "hashing_meta"
+
+    def tombstone(self) -> Record:
+        return {"version": 1, "partition_path": "", "instant": "", "seq_no": 0, "num_buckets": 0, "nodes": [],
+                "is_deleted": True}
+
+    def merge(self, older: Record, newer: Record) -> Record:
+        # Monotonic here (associative); the stricter +1 is checked when a ring is committed.
+        if newer["seq_no"] <= older["seq_no"]:
+            raise MetadataIntegrityError(
+                f"hashing_meta for {newer['partition_path']!r}: seq_no {newer['seq_no']} does not advance "
+                f"past {older['seq_no']}; the metadata table holds two rings out of order"
+            )
+        return newer
+
+    def check_successor(self, current: Record | None, new: Record) -> None:
+        if current is not None and new["seq_no"] != current["seq_no"] + 1:
+            raise MetadataIntegrityError(
+                f"hashing_meta for {new['partition_path']!r}: seq_no must be {current['seq_no'] + 1} "
+                f"(the current ring's + 1), got {new['seq_no']}; reload the ring and retry"
+            )
+
+
+KINDS: dict[str, RecordKind] = {k.name: k for k in (FilesKind(), BloomFilterKind(), ColumnStatsKind(),
+                                                     HashingMetaKind())}

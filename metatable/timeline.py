@@ -1,0 +1,133 @@
+"""The timeline: one file per instant state under `<root>/.metatable/timeline/`.
+
+State files appear atomically; new instant times are strictly increasing and are
+only made under the table lock; inflight writers keep a heartbeat.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Iterable, Sequence
+
+from .errors import InvalidInputError, TimelineError
+from .heartbeat import Heartbeat, is_expired
+from .instant import Action, Instant, State, next_time, validate_time
+from .lock import TableLock
+from .storage import Storage, is_temporary
+
+log = logging.getLogger(__name__)
+
+META_DIR = ".metatable"
+_STATE_RANK = {State.REQUESTED: 0, State.INFLIGHT: 1, State.COMPLETED: 2}
+
+
+class Timeline:
+    def __init__(self, storage: Storage, root: str, lock: TableLock | None = None,
+                 heartbeat_interval_s: float = 5.0, heartbeat_misses: int = 6) -> None:
+        self.storage = storage
+        self.root = root
+        self.dir = os.path.join(root, META_DIR, "timeline")
+        self.heartbeat_dir = os.path.join(root, META_DIR, "heartbeats")
+        self.lock = lock or TableLock(os.path.join(root, META_DIR, "lock"))
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_misses = heartbeat_misses
+
+    # -- reading -------------------------------------------------------------------------------
+    def instants(self) -> list[Instant]:
+        """Each instant in its latest state, oldest first."""
+        latest: dict[tuple[str, Action], Instant] = {}
+        for name in self.storage.list(self.dir):
+            if is_temporary(name) or name.startswith("."):
+                continue
+            try:
+                instant = Instant.parse(name)
+            except InvalidInputError as e:
+                raise TimelineError(f"{e} in {self.dir}; move the stray file out of the timeline") from None
+            key = (instant.time, instant.action)
+            if key not in latest or _STATE_RANK[instant.state] > _STATE_RANK[latest[key].state]:
+                latest[key] = instant
+        return sorted(latest.values())
+
+    def completed(self, actions: Iterable[Action] | None = None) -> list[Instant]:
+        wanted = set(actions) if actions is not None else None
+        return [i for i in self.instants() if i.is_completed and (wanted is None or i.action in wanted)]
+
+    def pending(self, actions: Iterable[Action] | None = None) -> list[Instant]:
+        wanted = set(actions) if actions is not None else None
+        return [i for i in self.instants() if not i.is_completed and (wanted is None or i.action in wanted)]
+
+    def get(self, time: str, action: Action | None = None) -> Instant | None:
+        validate_time(time)
+        found = [i for i in self.instants() if i.time == time and (action is None or i.action == action)]
+        return found[-1] if found else None
+
+    def last_time(self) -> str | None:
+        times = [i.time for i in self.instants()]
+        return max(times) if times else None
+
+    def read_json(self, instant: Instant) -> dict[str, Any]:
+        """The plan (requested), or the commit metadata (completed), of an instant."""
+        raw = self.storage.read(os.path.join(self.dir, instant.file_name))
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise TimelineError(f"unreadable instant file {os.path.join(self.dir, instant.file_name)}: {e}") from None
+
+    def plan(self, instant: Instant) -> dict[str, Any]:
+        return self.read_json(instant.to(State.REQUESTED))
+
+    # -- writing (callers hold the lock where the docstring says so) ------------------------------
+    def new_time(self, *others: Timeline) -> str:
+        """A time later than every instant here and on `others`; call under the lock."""
+        last = max((t for t in [self.last_time(), *(o.last_time() for o in others)] if t), default=None)
+        return next_time(last)
+
+    def request(self, action: Action, time: str | None = None, plan: dict[str, Any] | None = None,
+                others: Sequence[Timeline] = ()) -> Instant:
+        """Make a new instant in the requested state, with a first heartbeat (under the lock)."""
+        with self.lock.held():
+            time = time or self.new_time(*others)
+            instant = Instant(time, action, State.REQUESTED)
+            if self.get(time, action) is not None:
+                raise TimelineError(f"instant {time} {action.value} already exists on {self.dir}")
+            self.heartbeat(instant).beat()
+            self._write(instant, plan)
+            return instant
+
+    def transition(self, instant: Instant, state: State, content: dict[str, Any] | None = None) -> Instant:
+        current = self.get(instant.time, instant.action)
+        if current is None:
+            raise TimelineError(f"instant {instant.time} {instant.action.value} does not exist on {self.dir}")
+        if _STATE_RANK[state] != _STATE_RANK[current.state] + 1:
+            raise TimelineError(f"cannot move instant {current} to {state.value}")
+        target = instant.to(state)
+        self._write(target, content)
+        return target
+
+    def start(self, instant: Instant) -> Instant:
+        return self.transition(instant, State.INFLIGHT)
+
+    def complete(self, instant: Instant, metadata: dict[str, Any] | None = None) -> Instant:
+        return self.transition(instant, State.COMPLETED, metadata or {})
+
+    def remove(self, instant: Instant) -> None:
+        """Delete every state file of an instant, completed state first so it vanishes atomically for readers."""
+        for state in (State.COMPLETED, State.INFLIGHT, State.REQUESTED):
+            self.storage.delete(os.path.join(self.dir, instant.to(state).file_name))
+        self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
+
+    def _write(self, instant: Instant, content: dict[str, Any] | None) -> None:
+        data = json.dumps(content, sort_keys=True).encode() if content is not None else b""
+        self.storage.write_atomic(os.path.join(self.dir, instant.file_name), data)
+
+    # -- heartbeats -----------------------------------------------------------------------------
+    def heartbeat(self, instant: Instant) -> Heartbeat:
+        return Heartbeat(self.storage, self.heartbeat_dir, instant.time, self.heartbeat_interval_s)
+
+    def is_expired(self, instant: Instant) -> bool:
+        """Whether a pending instant's writer has stopped beating."""
+        return is_expired(self.storage, self.heartbeat_dir, instant.time, self.heartbeat_interval_s,
+                          self.heartbeat_misses)
