@@ -24,16 +24,16 @@ def _utf8(s: str | bytes) -> bytes:
 
 def hash32(s: str | bytes) -> int:
     """Bucket hash in [0, 2^31-1]."""
-    return mmh3.hash(_utf8(s), 0, False) & 0x7FFFFFFF
+    return mmh3.hash(_utf8(s), seed=0, signed=False) & 0x7FFFFFFF
 
 
 def hash64(s: str | bytes) -> bytes:
     """First 64 bits of murmur3 x64 128, as 8 big-endian bytes."""
-    return mmh3.hash64(_utf8(s), 0, True, False)[0].to_bytes(8, "big")
+    return mmh3.hash64(_utf8(s), seed=0, x64arch=True, signed=False)[0].to_bytes(8, "big")
 
 
 def hash128(s: str | bytes) -> bytes:
-    return mmh3.hash_bytes(_utf8(s), 0, True)
+    return mmh3.hash_bytes(_utf8(s), seed=0, x64arch=True)
 
 
 def b64(x: bytes) -> str:

@@ -82,20 +82,15 @@ class FilesKind(RecordKind):
     def merge(self, older: Record, newer: Record) -> Record:
         if newer["is_deleted"]:
             return {"files": self._live(newer["files"]), "is_deleted": True}
-        old_files = older["files"]
-        files = dict(old_files)
+        # The newer entry wins (both live: the larger size). A tombstone stays in the merged record even
+        # where it removed a file: a log+log merge may later land on an older record that still has it.
+        # Only a base (compacted) or a reader (visible) drops tombstones.
+        files = dict(older["files"])
         for name, entry in newer["files"].items():
-            before = old_files.get(name)
-            before_live = before is not None and not before["is_deleted"]
-            if entry["is_deleted"]:
-                if before_live:
-                    del files[name]
-                else:
-                    files[name] = entry
-            elif before_live:
-                files[name] = {"size": max(before["size"], entry["size"]), "is_deleted": False}
-            else:
-                files[name] = entry
+            before = files.get(name)
+            if not entry["is_deleted"] and before is not None and not before["is_deleted"]:
+                entry = {"size": max(before["size"], entry["size"]), "is_deleted": False}
+            files[name] = entry
         if older["is_deleted"]:
             return {"files": self._live(files), "is_deleted": True}
         return {"files": files, "is_deleted": False}

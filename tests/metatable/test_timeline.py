@@ -1,0 +1,75 @@
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+
+from metatable.errors import TimelineError
+from metatable.instant import Action
+from metatable.storage import LocalStorage
+from metatable.timeline import Timeline
+
+
+def make(path, **kw):
+    return Timeline(LocalStorage(), str(path), **kw)
+
+
+def test_transitions_and_metadata(tmp_path):
+    tl = make(tmp_path)
+    i = tl.request(Action.COMMIT, plan={"a": 1})
+    assert tl.pending() == [i]
+    with pytest.raises(TimelineError):
+        tl.complete(i)  # requested -> completed skips inflight
+    i = tl.start(i)
+    c = tl.complete(i, {"written": 3})
+    assert tl.completed() == [c]
+    assert tl.read_json(c) == {"written": 3}
+    assert tl.plan(c) == {"a": 1}
+    names = sorted(os.listdir(tmp_path / ".metatable" / "timeline"))
+    assert names == [f"{c.time}.commit", f"{c.time}.commit.inflight", f"{c.time}.commit.requested"]
+
+
+def test_stray_file_is_named(tmp_path):
+    tl = make(tmp_path)
+    tl.request(Action.COMMIT)
+    (tmp_path / ".metatable" / "timeline" / "garbage.commit").write_text("")
+    with pytest.raises(TimelineError, match="garbage.commit"):
+        tl.instants()
+
+
+def _make_instants(path, n, out):
+    tl = make(path)
+    out.put([tl.request(Action.DELTACOMMIT).time for _ in range(n)])
+
+
+def test_instant_times_unique_across_processes(tmp_path):
+    q = mp.get_context("spawn").Queue()
+    procs = [mp.get_context("spawn").Process(target=_make_instants, args=(str(tmp_path), 30, q)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    times = [t for _ in procs for t in q.get(timeout=60)]
+    for p in procs:
+        p.join()
+    assert len(set(times)) == 90
+    assert [i.time for i in make(tmp_path).instants()] == sorted(times)
+
+
+def test_heartbeat_expiry(tmp_path):
+    tl = make(tmp_path, heartbeat_interval_s=0.05, heartbeat_misses=2)
+    i = tl.request(Action.COMMIT)
+    with tl.heartbeat(i):
+        time.sleep(0.3)
+        assert not tl.is_expired(i)
+    assert tl.is_expired(i)  # stopped: the file is gone
+    j = tl.request(Action.COMMIT)
+    assert not tl.is_expired(j)  # request() beats once
+    time.sleep(0.2)
+    assert tl.is_expired(j)
+
+
+def test_remove(tmp_path):
+    tl = make(tmp_path)
+    i = tl.start(tl.request(Action.COMMIT))
+    tl.remove(i)
+    assert tl.instants() == []
+    assert tl.get(i.time) is None
