@@ -10,6 +10,7 @@ import datetime as dt
 from typing import Any, Sequence
 
 import mmh3
+import numpy as np
 import pybase64
 
 from metatable.errors import InvalidInputError
@@ -25,6 +26,28 @@ def _utf8(s: str | bytes) -> bytes:
 def hash32(s: str | bytes) -> int:
     """Bucket hash in [0, 2^31-1]."""
     return mmh3.hash(_utf8(s), seed=0, signed=False) & 0x7FFFFFFF
+
+
+def bucket_indexes(keys: Sequence[str], n: int) -> np.ndarray:
+    """`hash32(key) % n` for many keys (the low 31 bits of murmur3 do not depend on its sign)."""
+    h = mmh3.hash
+    return (np.fromiter((h(k) for k in keys), dtype=np.int64, count=len(keys)) & 0x7FFFFFFF) % n
+
+
+def group_by_bucket(keys: Sequence[str], n: int) -> list[tuple[int, list[str]]]:
+    """(bucket, keys) for each bucket that has keys, bucket = hash32(key) % n."""
+    if n == 1:
+        return [(0, list(keys))] if len(keys) else []
+    buckets = bucket_indexes(keys, n)
+    order = np.argsort(buckets, kind="stable")
+    ordered = np.array(keys, dtype=object)[order]
+    counts = np.bincount(buckets, minlength=n)
+    out, start = [], 0
+    for bucket, count in enumerate(counts.tolist()):
+        if count:
+            out.append((bucket, ordered[start:start + count].tolist()))
+            start += count
+    return out
 
 
 def hash64(s: str | bytes) -> bytes:

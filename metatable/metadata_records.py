@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+from functools import cached_property
 from typing import Any, Iterable
 
 import fastavro
@@ -41,9 +42,23 @@ class RecordKind:
     def decode(self, raw: bytes) -> Record:
         return fastavro.schemaless_reader(io.BytesIO(raw), self.schema, None)
 
-    def decode_many(self, raws: Iterable[bytes]) -> list[Record]:
-        reader, sch = fastavro.schemaless_reader, self.schema
-        return [reader(io.BytesIO(r), sch, None) for r in raws]
+    def decode_many(self, raws: list[bytes]) -> list[Record]:
+        """Decode a batch in one pass: schemaless values laid end to end are exactly an Avro data block."""
+        if len(raws) < 8:
+            return [self.decode(r) for r in raws]
+        body = b"".join(raws)
+        block = b"".join((self._block_header, _zigzag(len(raws)), _zigzag(len(body)), body, _SYNC))
+        return list(fastavro.reader(io.BytesIO(block)))
+
+    @cached_property
+    def _block_header(self) -> bytes:
+        buf = io.BytesIO()
+        fastavro.writer(buf, self.schema, [], sync_marker=_SYNC)
+        return buf.getvalue()
+
+    def base_visible_many(self, raws: list[bytes]) -> list[Record]:
+        """Visible records from base-file values (a base holds only visible records, see `compacted`)."""
+        return self.decode_many(raws)
 
     def tombstone(self) -> Record:
         raise NotImplementedError
@@ -67,6 +82,20 @@ class RecordKind:
         for r in records:
             merged = r if merged is None else self.merge(merged, r)
         return merged
+
+
+_SYNC = b"metatable-block!"  # 16 bytes, Avro's sync marker size
+
+
+def _zigzag(n: int) -> bytes:
+    """Avro's variable-length zig-zag long."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 class FilesKind(RecordKind):
@@ -135,6 +164,8 @@ def _min_max(a: Any, b: Any, pick: Any) -> Any:
 
 
 class ColumnStatsKind(RecordKind):
+    """`resets` is internal: merge accepts an older record without it (a base record in visible form)."""
+
     name = "column_stats"
 
     def tombstone(self) -> Record:
@@ -155,16 +186,24 @@ class ColumnStatsKind(RecordKind):
             "value_count": older["value_count"] + newer["value_count"],
             "total_size": older["total_size"] + newer["total_size"],
             "is_deleted": False,
-            "resets": older["resets"],
+            "resets": older.get("resets", False),  # a base record may come in visible form
         }
 
     def visible(self, record: Record) -> Record | None:
         if record["is_deleted"]:
             return None
-        return {k: v for k, v in record.items() if k != "resets"}
+        shown = record.copy()
+        del shown["resets"]
+        return shown
 
     def compacted(self, record: Record) -> Record | None:
         return None if record["is_deleted"] else {**record, "resets": False}
+
+    def base_visible_many(self, raws: list[bytes]) -> list[Record]:
+        records = self.decode_many(raws)
+        for r in records:  # freshly decoded: safe to trim in place
+            del r["resets"]
+        return records
 
 
 class HashingMetaKind(RecordKind):

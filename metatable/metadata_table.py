@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import fastavro
 
-from indexes.keys import hash32
+from indexes.keys import group_by_bucket, hash32
 
 from . import config
 from .base_file import BaseFile
@@ -165,19 +165,12 @@ class MetadataTable:
 
     def get_many(self, partition: str, keys: Iterable[str]) -> dict[str, Record]:
         """Merged records of the present keys (absent keys are left out)."""
-        kind = self.kind(partition)
+        self.kind(partition)
         n = self.partitions[partition]
-        by_group: dict[int, list[str]] = {}
-        for key in keys:
-            by_group.setdefault(hash32(key) % n if n > 1 else 0, []).append(_check_key(key))
+        keys = [_check_key(k) for k in keys] if not isinstance(keys, list) or not all(keys) else keys
         out: dict[str, Record] = {}
-        visible = kind.visible
-        for index, group_keys in by_group.items():
-            for key, record in zip(group_keys, self._group(partition, index).get_many(group_keys)):
-                if record is not None:
-                    shown = visible(record)
-                    if shown is not None:
-                        out[key] = shown
+        for index, group_keys in group_by_bucket(keys, n):
+            out.update(self._group(partition, index).get_visible(group_keys))
         return out
 
     def scan(self, partition: str, prefix: str = "") -> Iterator[tuple[str, Record]]:
@@ -280,7 +273,7 @@ class MetadataTable:
             group = MetadataFileGroup(self.storage, self._dir(partition),
                                       self._slice(partition, index, snapshot, fresh=True), self.kind(partition),
                                       snapshot, self.sst_cache)
-            record = group.get_many([key])[0]
+            record = group.get_raw(key)
             if record is not None:
                 out[key] = record
         return out

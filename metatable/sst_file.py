@@ -33,6 +33,7 @@ def _options() -> Options:
     opts = Options(raw_mode=True)
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
+    table.set_block_size(16 << 10)  # measured: 16 KB blocks beat 4 KB for batched point lookups
     table.set_block_cache(_BLOCK_CACHE)
     opts.set_block_based_table_factory(table)
     opts.create_if_missing(True)
