@@ -109,6 +109,13 @@ def cmd_metadata_compact(args: argparse.Namespace) -> None:
         print(f"blocked: {why}")
 
 
+def cmd_demo(args: argparse.Namespace) -> None:
+    from .demo import run_metadata_demo
+
+    os.makedirs(args.workdir, exist_ok=True)
+    run_metadata_demo(args.workdir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="metatable", description="Keyed tables indexed by a metadata table.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and details")
@@ -117,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("timeline", help="list a table's instants")
     p.add_argument("path")
     p.set_defaults(func=cmd_timeline)
+
+    p = sub.add_parser("demo", help="the main job: a metatable session on local files")
+    p.add_argument("--workdir", default="demo-data")
+    p.set_defaults(func=cmd_demo)
 
     md = sub.add_parser("metadata", help="inspect or use a metadata table").add_subparsers(dest="mdcommand",
                                                                                             required=True)
