@@ -13,7 +13,7 @@ import enum
 import io
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import fastavro
 
@@ -57,6 +57,11 @@ class LogFile:
             )
         return cls(m["file_id"], m["base"], int(m["version"]), m["token"])
 
+    @property
+    def instant(self) -> str:
+        """Write tokens are `<instant>-<nonce>`: the instant is known without opening the file."""
+        return self.write_token.split("-", 1)[0]
+
     @staticmethod
     def is_log_name(file_name: str) -> bool:
         return _NAME_RE.match(file_name) is not None
@@ -70,41 +75,45 @@ class LogBlock:
     target_instant: str | None = None  # the instant a rollback block undoes
 
 
-def write_log(storage: Storage, path: str, block: LogBlock) -> None:
-    meta = {"metatable.instant": block.instant, "metatable.block_kind": block.kind.value,
-            "metatable.count": str(len(block.entries))}
-    if block.target_instant:
-        meta["metatable.target_instant"] = block.target_instant
+def write_container(storage: Storage, path: str, schema: Any, records: Iterable[dict[str, Any]], count: int,
+                    meta: dict[str, str]) -> None:
+    """An Avro container file whose header says how many records it holds; published atomically."""
     buf = io.BytesIO()
-    fastavro.writer(buf, schema("log_entry"), ({"key": k, "value": v} for k, v in block.entries),
-                    metadata=meta, codec="null", sync_interval=1 << 20)
+    fastavro.writer(buf, schema, records, metadata={**meta, "metatable.count": str(count)}, codec="null",
+                    sync_interval=1 << 20)
     storage.write_atomic(path, buf.getvalue())
 
 
-def read_log_header(storage: Storage, path: str) -> tuple[str, BlockKind, str | None]:
-    """Instant, block kind and rollback target, from the header only."""
-    data = _read(storage, path)
-    try:
-        meta = fastavro.reader(io.BytesIO(data)).metadata
-        return meta["metatable.instant"], BlockKind(meta["metatable.block_kind"]), meta.get("metatable.target_instant")
-    except Exception as e:  # fastavro raises assorted types on garbage
-        raise CorruptFileError(path, f"unreadable log header ({e}); roll back or restore the instant") from None
-
-
-def read_log(storage: Storage, path: str) -> LogBlock:
+def read_container(storage: Storage, path: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """Header metadata and every record; a short or unreadable file is a CorruptFileError naming it."""
     data = _read(storage, path)
     try:
         reader = fastavro.reader(io.BytesIO(data))
-        meta = reader.metadata
-        entries = [(r["key"], r["value"]) for r in reader]
+        meta = dict(reader.metadata)
+        records = list(reader)
         expected = int(meta["metatable.count"])
-        block = LogBlock(meta["metatable.instant"], BlockKind(meta["metatable.block_kind"]), entries,
-                         meta.get("metatable.target_instant"))
-    except Exception as e:
+    except Exception as e:  # fastavro raises assorted types on garbage
         raise CorruptFileError(path, f"unreadable log block ({type(e).__name__}: {e})") from None
-    if len(entries) != expected:
-        raise CorruptFileError(path, f"truncated log block: {len(entries)} of {expected} records")
-    return block
+    if len(records) != expected:
+        raise CorruptFileError(path, f"truncated log block: {len(records)} of {expected} records")
+    return meta, records
+
+
+def write_log(storage: Storage, path: str, block: LogBlock) -> None:
+    meta = {"metatable.instant": block.instant, "metatable.block_kind": block.kind.value}
+    if block.target_instant:
+        meta["metatable.target_instant"] = block.target_instant
+    write_container(storage, path, schema("log_entry"), ({"key": k, "value": v} for k, v in block.entries),
+                    len(block.entries), meta)
+
+
+def read_log(storage: Storage, path: str) -> LogBlock:
+    meta, records = read_container(storage, path)
+    try:
+        return LogBlock(meta["metatable.instant"], BlockKind(meta["metatable.block_kind"]),
+                        [(r["key"], r["value"]) for r in records], meta.get("metatable.target_instant"))
+    except (KeyError, ValueError) as e:
+        raise CorruptFileError(path, f"log header lacks {e}") from None
 
 
 def _read(storage: Storage, path: str) -> bytes:

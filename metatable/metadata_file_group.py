@@ -14,20 +14,14 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from .base_file import BaseFile
-from .instant import BOOTSTRAP_TIME
-from .log_file import BlockKind, LogFile, read_log, read_log_header
+from .file_slice import FileSlice, latest_slice, parse_names
+from .log_file import BlockKind, LogFile, read_log
 from .metadata_records import Record, RecordKind
 from .sst_file import SstCache, SstReader
 from .storage import Storage
 
 SENTINEL_KEY = b""
 SST_EXTENSION = "sst"
-
-
-def log_instant(log: LogFile) -> str:
-    """Metadata log write tokens are `<instant>-<nonce>`: validity is known without opening the file."""
-    return log.write_token.split("-", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -39,34 +33,10 @@ class Snapshot:
     compactions: frozenset[str]        # completed compaction instants (their bases are visible)
 
 
-@dataclass(frozen=True)
-class FileSlice:
-    file_id: str
-    base_instant: str
-    base: BaseFile | None
-    logs: tuple[LogFile, ...]  # every log of the slice, valid or not, in (instant, version) order
-
-
-def resolve_slice(file_id: str, names: list[str], compactions: frozenset[str]) -> FileSlice:
-    """The latest slice of a file group from a directory listing."""
-    bases = []
-    logs = []
-    for name in names:
-        if name.startswith(".") and LogFile.is_log_name(name):
-            lf = LogFile.parse(name)
-            if lf.file_id == file_id:
-                logs.append(lf)
-        elif name.startswith(file_id + "_") and name.endswith("." + SST_EXTENSION):
-            bf = BaseFile.parse(name)
-            if bf.file_id == file_id and bf.instant in compactions:
-                bases.append(bf)
-    base = max(bases, key=lambda b: b.instant, default=None)
-    base_instant = base.instant if base else BOOTSTRAP_TIME
-    slice_logs = [lf for lf in logs
-                  if lf.base_instant == base_instant
-                  or (lf.base_instant > base_instant and lf.base_instant not in compactions)]
-    slice_logs.sort(key=lambda lf: (log_instant(lf), lf.version))
-    return FileSlice(file_id, base_instant, base, tuple(slice_logs))
+def resolve_slice(partition: str, file_id: str, names: list[str], compactions: frozenset[str]) -> FileSlice:
+    """The latest slice of a metadata file group from a directory listing (all its logs, valid or not)."""
+    bases, logs = parse_names(names, SST_EXTENSION)
+    return latest_slice(partition, file_id, bases, logs, compactions.__contains__)
 
 
 class MetadataFileGroup:
@@ -89,7 +59,7 @@ class MetadataFileGroup:
         """Record and rollback logs this snapshot may read (rolled-back instants not yet excluded)."""
         snap = self.snapshot
         return [lf for lf in self.slice.logs
-                if log_instant(lf) in snap.valid_instants or log_instant(lf) in snap.rollbacks]
+                if lf.instant in snap.valid_instants or lf.instant in snap.rollbacks]
 
     def _load_logs(self) -> dict[str, Record]:
         if self._log_records is not None:

@@ -33,8 +33,8 @@ from .faults import crash_point
 from .instant import BOOTSTRAP_TIME, Action, Instant, State
 from .lock import TableLock
 from .log_file import BlockKind, LogBlock, LogFile, write_log
-from .metadata_file_group import (SST_EXTENSION, FileSlice, MetadataFileGroup, Snapshot, log_instant,
-                                  resolve_slice)
+from .file_slice import FileSlice
+from .metadata_file_group import SST_EXTENSION, MetadataFileGroup, Snapshot, resolve_slice
 from .metadata_records import KINDS, Record, RecordKind
 from .sst_file import SstCache, write_sst
 from .storage import LocalStorage, Storage
@@ -149,7 +149,7 @@ class MetadataTable:
 
     def _slice(self, partition: str, index: int, snapshot: Snapshot, fresh: bool = False) -> FileSlice:
         names = self.storage.list(self._dir(partition)) if fresh else self._listing(partition)
-        return resolve_slice(file_group_id(partition, index), names, snapshot.compactions)
+        return resolve_slice(partition, file_group_id(partition, index), names, snapshot.compactions)
 
     def _group(self, partition: str, index: int) -> MetadataFileGroup:
         group = self._groups.get((partition, index))
@@ -289,7 +289,7 @@ class MetadataTable:
         out = {}
         for index in indexes:
             file_id = file_group_id(partition, index)
-            base_instant = resolve_slice(file_id, names, compactions).base_instant
+            base_instant = resolve_slice(partition, file_id, names, compactions).base_instant
             for instant, plan in pending:
                 if file_id in plan.get("file_groups", {}):
                     base_instant = max(base_instant, instant.time)
@@ -338,7 +338,7 @@ class MetadataTable:
                 lf = self._next_logs(partition, [index], rb.time)[index]
                 existing = [n for n in self.storage.list(self._dir(partition))
                             if n.startswith(f".{file_id}_") and LogFile.is_log_name(n)
-                            and log_instant(LogFile.parse(n)) == rb.time]
+                            and LogFile.parse(n).instant == rb.time]
                 if not existing:
                     write_log(self.storage, os.path.join(self._dir(partition), lf.file_name),
                               LogBlock(rb.time, BlockKind.ROLLBACK, [], target_instant=target))
@@ -419,13 +419,13 @@ class MetadataTable:
             names = self.storage.list(self._dir(partition))
             for index in range(n):
                 file_id = file_group_id(partition, index)
-                fs = resolve_slice(file_id, names, snapshot.compactions)
-                readable = [lf for lf in fs.logs if log_instant(lf) in snapshot.valid_instants
-                            or log_instant(lf) in snapshot.rollbacks]
+                fs = resolve_slice(partition, file_id, names, snapshot.compactions)
+                readable = [lf for lf in fs.logs if lf.instant in snapshot.valid_instants
+                            or lf.instant in snapshot.rollbacks]
                 if len(readable) < threshold:
                     continue
-                newest = max(log_instant(lf) for lf in readable)
-                stuck = [p for p in pending if p <= newest or any(log_instant(lf) == p for lf in fs.logs)]
+                newest = max(lf.instant for lf in readable)
+                stuck = [p for p in pending if p <= newest or any(lf.instant == p for lf in fs.logs)]
                 if stuck:
                     blocked.append(f"{file_id} waits for pending instant {stuck[0]}")
                     continue
@@ -445,7 +445,7 @@ class MetadataTable:
                 partition = entry["partition"]
                 base = BaseFile.parse(entry["base"]) if entry["base"] else None
                 logs = tuple(LogFile.parse(n) for n in entry["logs"])
-                fs = FileSlice(file_id, base.instant if base else BOOTSTRAP_TIME, base, logs)
+                fs = FileSlice(partition, file_id, base.instant if base else BOOTSTRAP_TIME, base, logs)
                 group = MetadataFileGroup(self.storage, self._dir(partition), fs, self.kind(partition), snapshot,
                                           self.sst_cache)
                 output = BaseFile(file_id, COMPACTION_TOKEN, instant.time, SST_EXTENSION)
@@ -509,7 +509,7 @@ def _obsolete(file_id: str, names: list[str], compactions: frozenset[str], pendi
     for name in names:
         if name.startswith(f".{file_id}_") and LogFile.is_log_name(name):
             lf = LogFile.parse(name)
-            if lf.file_id == file_id and (lf.base_instant < oldest_kept or log_instant(lf) not in known):
+            if lf.file_id == file_id and (lf.base_instant < oldest_kept or lf.instant not in known):
                 out.append(name)
     return out
 

@@ -1,0 +1,80 @@
+"""Record keys, partition paths and buckets for whole Arrow tables (the batch form of indexes.keys)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import mmh3
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metatable.errors import InvalidInputError
+
+from .keys import NON_PARTITIONED
+
+NULL_PARTITION = "__null__"
+
+
+def _as_text(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    t = column.type
+    if pa.types.is_string(t):
+        return column
+    if pa.types.is_boolean(t):
+        return pc.if_else(column, "true", "false")
+    if pa.types.is_timestamp(t):
+        return pc.strftime(column, format="%Y-%m-%dT%H:%M:%S")
+    return pc.cast(column, pa.string())
+
+
+def record_keys(table: pa.Table, fields: Sequence[str]) -> pa.ChunkedArray:
+    """The contract record key of every row: one field -> its text; several -> `f1:v1,f2:v2`.
+    A null or empty key value is an error that says how many rows have it and shows one."""
+    parts = []
+    for i, name in enumerate(fields):
+        if name not in table.column_names:
+            raise InvalidInputError(f"record key column {name!r} is missing from the data "
+                                    f"(columns: {table.column_names})")
+        text = _as_text(table[name])
+        bad = pc.or_kleene(pc.is_null(text), pc.equal(text, ""))
+        bad_count = pc.sum(pc.cast(pc.fill_null(bad, True), pa.int64())).as_py() or 0
+        if bad_count:
+            row = pc.index(pc.fill_null(bad, True), True).as_py()
+            raise InvalidInputError(f"record key column {name!r} is null or empty in {bad_count} rows "
+                                    f"(first at row {row}); every record needs a key")
+        if len(fields) > 1:
+            parts += [pa.scalar(("," if i else "") + f"{name}:"), text]
+        else:
+            parts.append(text)
+    if len(fields) == 1:
+        return parts[0] if isinstance(parts[0], pa.ChunkedArray) else pa.chunked_array([parts[0]])
+    return pc.binary_join_element_wise(*parts, "")
+
+
+def _escape(text: pa.ChunkedArray) -> pa.ChunkedArray:
+    for char, code in (("%", "%25"), ("/", "%2F"), ("=", "%3D")):
+        text = pc.replace_substring(text, char, code)
+    return text
+
+
+def partition_paths(table: pa.Table, fields: Sequence[str]) -> pa.ChunkedArray:
+    """Hive-style `f1=v1/f2=v2` per row; `.` for a non-partitioned table."""
+    if not fields:
+        return pa.chunked_array([pa.array([NON_PARTITIONED] * table.num_rows, pa.string())])
+    parts = []
+    for i, name in enumerate(fields):
+        if name not in table.column_names:
+            raise InvalidInputError(f"partition column {name!r} is missing from the data "
+                                    f"(columns: {table.column_names})")
+        text = pc.fill_null(_escape(_as_text(table[name])), NULL_PARTITION)
+        parts += [pa.scalar(("/" if i else "") + f"{name}="), text]
+    return pc.binary_join_element_wise(*parts, "")
+
+
+def hash32_array(keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """hash32 of every key (murmur3 has no batch call; its C function is called once per key)."""
+    h = mmh3.hash
+    return np.fromiter((h(k) for k in keys.to_pylist()), dtype=np.int64, count=len(keys)) & 0x7FFFFFFF
+
+
+def bucket_ids(keys: pa.ChunkedArray | pa.Array, num_buckets: int) -> np.ndarray:
+    return hash32_array(keys) % num_buckets

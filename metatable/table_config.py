@@ -1,0 +1,148 @@
+"""A data table's properties, persisted as `<table>/.metatable/table.json`."""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+
+from . import config
+from .errors import ConfigError, InvalidInputError
+
+TABLE_TYPES = ("merge_on_read", "copy_on_write")
+METADATA_INDEXES = ("bloom_filter", "column_stats")
+
+KEY_COLUMN = "_mt_record_key"     # stored in every data file
+DELETED_COLUMN = "_mt_is_deleted"  # stored in merge-on-read log blocks
+META_COLUMNS = (KEY_COLUMN, DELETED_COLUMN)
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """How a write finds a record's file group.
+
+    type "bucket": engine "simple" (hash32(key) % num_buckets, fixed) or "consistent_hashing";
+    type "bloom": the metadata-backed bloom index.
+    """
+
+    type: str = "bucket"
+    engine: str = "simple"
+    num_buckets: int = 4
+
+    def __post_init__(self) -> None:
+        if self.type not in ("bucket", "bloom"):
+            raise ConfigError(f"index type must be 'bucket' or 'bloom', got {self.type!r}")
+        if self.type == "bucket" and self.engine not in ("simple", "consistent_hashing"):
+            raise ConfigError(f"bucket index engine must be 'simple' or 'consistent_hashing', got {self.engine!r}")
+        if not isinstance(self.num_buckets, int) or self.num_buckets < 1:
+            raise ConfigError(f"num_buckets must be a positive integer, got {self.num_buckets!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "engine": self.engine, "num_buckets": self.num_buckets}
+
+
+def _supported(t: pa.DataType) -> bool:
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t) or pa.types.is_date32(t) or pa.types.is_timestamp(t)
+            or pa.types.is_decimal(t) or pa.types.is_binary(t))
+
+
+def normalize_schema(schema: pa.Schema) -> pa.Schema:
+    """The table's storage schema: view and large string types become plain strings, all fields nullable
+    (merge-on-read delete markers carry only the key)."""
+    fields = []
+    for f in schema:
+        t = f.type
+        if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+            t = pa.string()
+        elif pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+            t = pa.binary()
+        if not _supported(t):
+            raise InvalidInputError(f"column {f.name!r} has type {t}, which metatable does not store yet; "
+                                    "supported: integers, floats, booleans, strings, binary, dates, timestamps, "
+                                    "decimals")
+        if f.name in META_COLUMNS:
+            raise InvalidInputError(f"column name {f.name!r} is reserved for metatable")
+        fields.append(pa.field(f.name, t, nullable=True))
+    return pa.schema(fields)
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    schema: pa.Schema
+    record_key: tuple[str, ...]
+    partition_by: tuple[str, ...] = ()
+    ordering_field: str | None = None
+    table_type: str = "merge_on_read"
+    index: IndexConfig = field(default_factory=IndexConfig)
+    metadata_indexes: tuple[str, ...] = ("column_stats",)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = set(self.schema.names)
+        if not self.record_key:
+            raise InvalidInputError("record_key needs at least one column")
+        for role, cols in (("record_key", self.record_key), ("partition_by", self.partition_by)):
+            missing = [c for c in cols if c not in names]
+            if missing:
+                raise InvalidInputError(f"{role} columns {missing} are not in the schema ({sorted(names)})")
+        if self.ordering_field is not None and self.ordering_field not in names:
+            raise InvalidInputError(f"ordering_field {self.ordering_field!r} is not in the schema ({sorted(names)})")
+        if self.table_type not in TABLE_TYPES:
+            raise ConfigError(f"table_type must be one of {list(TABLE_TYPES)}, got {self.table_type!r}")
+        unknown = [m for m in self.metadata_indexes if m not in METADATA_INDEXES]
+        if unknown:
+            raise ConfigError(f"unknown metadata_indexes {unknown}; valid: {list(METADATA_INDEXES)}")
+        if self.index.type == "bloom" and not {"bloom_filter", "column_stats"} <= set(self.metadata_indexes):
+            raise ConfigError("index type 'bloom' needs metadata_indexes bloom_filter and column_stats")
+        object.__setattr__(self, "options", config.resolve(self.options))
+
+    @property
+    def merge_on_read(self) -> bool:
+        return self.table_type == "merge_on_read"
+
+    @property
+    def storage_schema(self) -> pa.Schema:
+        """Columns of a base file: the table's, then the record key."""
+        return self.schema.append(pa.field(KEY_COLUMN, pa.string(), nullable=False))
+
+    @property
+    def log_schema(self) -> pa.Schema:
+        return self.storage_schema.append(pa.field(DELETED_COLUMN, pa.bool_(), nullable=False))
+
+    def metadata_partitions(self) -> dict[str, int]:
+        parts = {"files": 1}
+        if "column_stats" in self.metadata_indexes:
+            parts["column_stats"] = self.options["metadata.column_stats.file_groups"]
+        if "bloom_filter" in self.metadata_indexes:
+            parts["bloom_filter"] = self.options["metadata.bloom_filter.file_groups"]
+        if self.index.engine == "consistent_hashing" and self.index.type == "bucket":
+            parts["hashing_meta"] = 1
+        return parts
+
+    def to_json(self) -> str:
+        overridden = {k: v for k, v in self.options.items() if v != config.OPTIONS[k].default}
+        return json.dumps({
+            "format_version": 1,
+            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode("ascii"),
+            "record_key": list(self.record_key), "partition_by": list(self.partition_by),
+            "ordering_field": self.ordering_field, "table_type": self.table_type,
+            "index": self.index.to_json(), "metadata_indexes": list(self.metadata_indexes),
+            "options": overridden,
+        }, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, options: Mapping[str, Any] | None = None) -> TableConfig:
+        d = json.loads(text)
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(d["schema"])))
+        return cls(schema=schema, record_key=tuple(d["record_key"]), partition_by=tuple(d["partition_by"]),
+                   ordering_field=d["ordering_field"], table_type=d["table_type"], index=IndexConfig(**d["index"]),
+                   metadata_indexes=tuple(d["metadata_indexes"]), options={**d["options"], **(options or {})})
+
+
+def as_tuple(cols: str | Sequence[str] | None) -> tuple[str, ...]:
+    if cols is None:
+        return ()
+    return (cols,) if isinstance(cols, str) else tuple(cols)
