@@ -1,0 +1,52 @@
+"""Reading a data file slice: its base (Parquet) merged with its logs."""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .data_log import read_data_log
+from .file_slice import FileSlice
+from .record_merge import merge_versions
+from .storage import Storage
+from .table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
+
+
+def partition_dir(root: str, partition: str) -> str:
+    return root if partition == "." else os.path.join(root, partition)
+
+
+def base_path(root: str, fs: FileSlice) -> str | None:
+    return os.path.join(partition_dir(root, fs.partition), fs.base.file_name) if fs.base else None
+
+
+def log_tables(storage: Storage, root: str, config: TableConfig, fs: FileSlice,
+               columns: Sequence[str]) -> list[pa.Table]:
+    directory = partition_dir(root, fs.partition)
+    return [read_data_log(storage, os.path.join(directory, lf.file_name), config.log_schema)[1].select(columns)
+            for lf in fs.logs]
+
+
+def read_slice(storage: Storage, root: str, config: TableConfig, fs: FileSlice | None,
+               read_optimized: bool = False) -> pa.Table:
+    """Every live row of the slice in the storage schema (base only when `read_optimized`)."""
+    schema = config.storage_schema
+    path = base_path(root, fs) if fs else None
+    base = pq.read_table(path, schema=schema) if path else schema.empty_table()
+    if read_optimized or fs is None or not fs.logs:
+        return base
+    logs = log_tables(storage, root, config, fs, config.log_schema.names)
+    return merge_versions([base, *logs], config.ordering_field, schema)
+
+
+def slice_keys(storage: Storage, root: str, config: TableConfig, fs: FileSlice | None) -> pa.Array:
+    """The live record keys of the slice, reading only key columns and delete flags."""
+    key_schema = pa.schema([(KEY_COLUMN, pa.string())])
+    path = base_path(root, fs) if fs else None
+    base = pq.read_table(path, columns=[KEY_COLUMN]) if path else key_schema.empty_table()
+    if fs is None or not fs.logs:
+        return base[KEY_COLUMN].combine_chunks()
+    logs = log_tables(storage, root, config, fs, [KEY_COLUMN, DELETED_COLUMN])
+    return merge_versions([base, *logs], None, key_schema)[KEY_COLUMN].combine_chunks()

@@ -1,0 +1,124 @@
+"""The Spark side: a local session, the distributed write, and snapshot reads as DataFrames.
+
+Writes: `mapInArrow` tags each Arrow batch (key, partition path, file group),
+Spark shuffles by file group, and `groupBy(...).applyInArrow` writes each file
+group on an executor and returns one statistics row per file; only those rows
+reach the driver. Reads: base files that need no merge go to Spark's own Parquet
+reader; file slices with logs are merged by `mapInArrow` tasks, one slice at a time.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from functools import partial
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+
+from .errors import InvalidInputError, MetatableError
+from .file_slice import FileSlice
+from .slice_reader import base_path, read_slice
+from .storage import LocalStorage
+from .table_config import TableConfig
+from .write_path import FILE_ID_COLUMN, PARTITION_COLUMN, STATS_SCHEMA, WriteTask, conform, tag, write_file_group
+
+
+def spark_session(master: str = "local[2]", app_name: str = "metatable", shuffle_partitions: int = 4,
+                  **conf: str):
+    """A local SparkSession with settings metatable relies on (Arrow on, UI off, few shuffle partitions)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.memory", "4g"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def is_dataframe(data: object) -> bool:
+    return type(data).__name__ == "DataFrame" and hasattr(data, "mapInArrow")
+
+
+def to_spark_schema(schema: pa.Schema):
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+def arrow_schema_of(df) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(df.schema)
+
+
+def _tag_batches(config: TableConfig, operation: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        yield from tag(config, operation, pa.Table.from_batches([batch])).to_batches()
+
+
+def write_dataframe(task: WriteTask, df) -> pa.Table:
+    """Run the write on Spark; returns the statistics of every file written."""
+    config, operation = task.config, task.operation
+    # schema problems surface here, on the driver, before any job runs
+    tagged_schema = tag(config, operation, arrow_schema_of(df).empty_table()).schema
+    df = df.select(*tagged_schema.names[:-3])
+    partitions = config.options["write.shuffle_partitions"]
+    tagged = df.mapInArrow(partial(_tag_batches, config, operation), to_spark_schema(tagged_schema))
+    if partitions:
+        tagged = tagged.repartition(partitions, PARTITION_COLUMN, FILE_ID_COLUMN)
+    stats = tagged.groupBy(PARTITION_COLUMN, FILE_ID_COLUMN).applyInArrow(
+        partial(write_file_group, task), to_spark_schema(STATS_SCHEMA))
+    try:
+        return stats.toArrow()
+    except Exception as e:  # Spark wraps executor errors; bring ours back by name
+        raise unwrap_spark_error(e) from None
+
+
+def unwrap_spark_error(e: Exception) -> Exception:
+    text = str(e)
+    for cls in (InvalidInputError,):
+        m = re.search(rf"{cls.__name__}: (.+)", text)
+        if m:
+            return cls(m.group(1).strip())
+    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    return MetatableError(f"the Spark job failed: {first}")
+
+
+def _read_slices(root: str, config: TableConfig, slices: Sequence[FileSlice], read_optimized: bool,
+                 batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    storage = LocalStorage()
+    names = config.schema.names
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            yield from read_slice(storage, root, config, slices[index], read_optimized).select(names).to_batches()
+
+
+def read_dataframe(spark, root: str, config: TableConfig, slices: Sequence[FileSlice], read_optimized: bool):
+    """A snapshot of the given file slices as a DataFrame in the table's schema."""
+    schema = to_spark_schema(config.schema)
+    names = config.schema.names
+    plain = [base_path(root, s) for s in slices if s.base and (read_optimized or not s.logs)]
+    merged = [s for s in slices if s.logs and not read_optimized]
+    frames = []
+    if plain:
+        frames.append(spark.read.schema(to_spark_schema(config.storage_schema)).parquet(*plain).select(*names))
+    if merged:
+        parallelism = max(1, min(len(merged), spark.sparkContext.defaultParallelism * 2))
+        ids = spark.range(len(merged), numPartitions=parallelism)
+        frames.append(ids.mapInArrow(partial(_read_slices, root, config, merged, read_optimized), schema))
+    if not frames:
+        return spark.createDataFrame([], schema)
+    result = frames[0]
+    for frame in frames[1:]:
+        result = result.unionByName(frame)
+    return result
+
+
+__all__ = ["spark_session", "write_dataframe", "read_dataframe", "is_dataframe", "conform"]

@@ -1,0 +1,237 @@
+"""The write path of one batch, in Arrow: tag each row with its file group, then write each file group.
+
+The same functions run on Spark executors (`spark_pipeline`) and in-process for a
+pyarrow input, so a write needs Spark only for scale. `write_file_group` gets
+every incoming row of one file group and returns one statistics row per file
+written; the driver commits those files.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from indexes.arrow_keys import bucket_ids, partition_paths, record_keys
+from indexes.column_stats import file_column_stats, stats_columns
+
+from .base_file import BaseFile, new_write_token
+from .data_log import write_data_log
+from .errors import InvalidInputError
+from .file_slice import FileSlice
+from .log_file import LogFile
+from .markers import mark
+from .record_merge import dedupe_batch, merge_versions
+from .slice_reader import partition_dir, read_slice, slice_keys
+from .storage import LocalStorage, Storage
+from .table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
+
+PARTITION_COLUMN = "_mt_partition"
+FILE_ID_COLUMN = "_mt_file_id"
+PARQUET = "parquet"
+OPERATIONS = ("upsert", "insert", "delete")
+
+STATS_SCHEMA = pa.schema([
+    ("partition", pa.string()), ("file_id", pa.string()), ("file_name", pa.string()), ("kind", pa.string()),
+    ("size", pa.int64()), ("rows", pa.int64()), ("inserted", pa.int64()), ("updated", pa.int64()),
+    ("deleted", pa.int64()), ("skipped", pa.int64()), ("column_stats", pa.binary()),
+])
+
+
+@dataclass(frozen=True)
+class WriteTask:
+    """Everything an executor needs to write its file groups (pickled into the Spark job)."""
+
+    root: str
+    config: TableConfig
+    instant: str
+    operation: str
+    slices: Mapping[tuple[str, str], FileSlice] = field(default_factory=dict)
+    log_base_instants: Mapping[tuple[str, str], str] = field(default_factory=dict)  # pending compactions
+
+
+def bucket_file_id(bucket: int) -> str:
+    """Deterministic, so that two writers creating the same bucket touch the same file group."""
+    return f"{bucket:08d}-0"
+
+
+def conform(batch: pa.Table, config: TableConfig, operation: str) -> pa.Table:
+    """The batch in the table's column order and types; deletes need only key and partition columns."""
+    schema = config.schema
+    needed = list(dict.fromkeys([*config.record_key, *config.partition_by])) if operation == "delete" \
+        else schema.names
+    missing = [c for c in needed if c not in batch.column_names]
+    if missing:
+        raise InvalidInputError(f"the data lacks columns {missing} that the table needs for {operation}")
+    if operation != "delete":
+        extra = [c for c in batch.column_names if c not in schema.names]
+        if extra:
+            raise InvalidInputError(f"the data has columns {extra} that the table does not "
+                                    f"(table columns: {schema.names}); select the table's columns or "
+                                    "recreate the table with the new schema")
+    columns = []
+    for name in needed:
+        target = schema.field(name).type
+        source = batch.schema.field(name).type
+        if not castable(source, target):
+            raise InvalidInputError(f"column {name!r} has type {source}, the table stores {target}; "
+                                    "cast it before writing")
+        try:
+            columns.append(pc.cast(batch[name], target, safe=True))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise InvalidInputError(f"column {name!r} has type {batch.schema.field(name).type}, which does not "
+                                    f"convert to the table's {target}: {e}") from None
+    return pa.table(columns, names=needed)
+
+
+def castable(source: pa.DataType, target: pa.DataType) -> bool:
+    """Only conversions that cannot change a value's meaning (same family, same or wider range)."""
+    if source == target or pa.types.is_null(source):
+        return True
+    families = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_timestamp,
+                pa.types.is_date, pa.types.is_boolean)
+    for family in families:
+        if family(source) and family(target):
+            return True
+    if pa.types.is_integer(source) and (pa.types.is_floating(target) or pa.types.is_decimal(target)):
+        return True
+    strings = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+    binaries = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)
+    return (any(f(source) for f in strings) and any(f(target) for f in strings)) or \
+        (any(f(source) for f in binaries) and any(f(target) for f in binaries))
+
+
+def tag(config: TableConfig, operation: str, batch: pa.Table) -> pa.Table:
+    """The conformed batch plus its record key, partition path and file id."""
+    table = conform(batch, config, operation)
+    keys = record_keys(table, config.record_key)
+    partitions = partition_paths(table, config.partition_by)
+    n = config.index.num_buckets
+    ids = pa.array([bucket_file_id(b) for b in range(n)]).take(pa.array(bucket_ids(keys, n)))
+    return table.append_column(KEY_COLUMN, keys).append_column(PARTITION_COLUMN, partitions) \
+        .append_column(FILE_ID_COLUMN, ids)
+
+
+def _stats_row(partition: str, file_id: str, file_name: str | None, kind: str | None, size: int, rows: int,
+               counts: dict[str, int], column_stats: dict | None = None) -> dict:
+    return {"partition": partition, "file_id": file_id, "file_name": file_name, "kind": kind, "size": size,
+            "rows": rows, **counts, "column_stats": pickle.dumps(column_stats) if column_stats else None}
+
+
+class FileGroupWriter:
+    """Writes one file group's share of a batch at one instant."""
+
+    def __init__(self, task: WriteTask, partition: str, file_id: str, storage: Storage | None = None) -> None:
+        self.task = task
+        self.config = task.config
+        self.partition = partition
+        self.file_id = file_id
+        self.storage = storage or LocalStorage()
+        self.directory = partition_dir(task.root, partition)
+        self.slice = task.slices.get((partition, file_id))
+
+    def write(self, rows: pa.Table) -> list[dict]:
+        config, op = self.config, self.task.operation
+        deleting = op == "delete"
+        incoming = dedupe_batch(rows.drop_columns([PARTITION_COLUMN, FILE_ID_COLUMN]),
+                                None if deleting else config.ordering_field, deleted=deleting)
+        cow_current = None if config.merge_on_read else read_slice(self.storage, self.task.root, config, self.slice)
+        present = cow_current[KEY_COLUMN] if cow_current is not None else \
+            slice_keys(self.storage, self.task.root, config, self.slice)
+        is_present = pc.is_in(incoming[KEY_COLUMN], value_set=present).to_numpy(zero_copy_only=False) \
+            if len(present) else np.zeros(incoming.num_rows, dtype=bool)
+        n_present = int(is_present.sum())
+        counts = {"inserted": 0, "updated": 0, "deleted": 0, "skipped": 0}
+        if op == "upsert":
+            counts.update(inserted=incoming.num_rows - n_present, updated=n_present)
+        elif op == "insert":
+            incoming = incoming.filter(pa.array(~is_present))
+            counts.update(inserted=incoming.num_rows, skipped=n_present)
+        else:
+            incoming = incoming.filter(pa.array(is_present))
+            counts.update(deleted=incoming.num_rows)
+        if incoming.num_rows == 0:
+            return [_stats_row(self.partition, self.file_id, None, None, 0, 0, counts)] if any(counts.values()) else []
+        if cow_current is not None:
+            merged = merge_versions([cow_current, incoming], config.ordering_field, config.storage_schema)
+            return [self._write_base(merged, counts)]
+        if self.slice is None or self.slice.base is None:
+            return [self._write_base(incoming.select(config.storage_schema.names).cast(config.storage_schema),
+                                     counts)]
+        return [self._write_log(incoming, counts)]
+
+    def _new_file(self, name: str) -> str:
+        """The path of a new file, marked first so that a rollback can find it."""
+        mark(self.storage, self.task.root, self.task.instant,
+             name if self.partition == "." else f"{self.partition}/{name}")
+        return os.path.join(self.directory, name)
+
+    def _write_base(self, rows: pa.Table, counts: dict[str, int]) -> dict:
+        name = BaseFile(self.file_id, new_write_token(), self.task.instant, PARQUET).file_name
+        path = self._new_file(name)
+        collected: list[pq.FileMetaData] = []
+        staged = self.storage.staging_path(path)
+        self.storage.makedirs(self.directory)
+        compression = self.config.options["write.parquet.compression"]
+        pq.write_table(rows, self.storage.local_path(staged), compression=None if compression == "none" else compression,
+                       metadata_collector=collected)
+        self.storage.publish(staged, path)
+        stats = None
+        if "column_stats" in self.config.metadata_indexes:
+            stats = file_column_stats(rows, stats_columns(self.config), self.partition, name,
+                                      collected[0] if collected else None)
+        return _stats_row(self.partition, self.file_id, name, "base", self.storage.size(path), rows.num_rows,
+                          counts, stats)
+
+    def _write_log(self, rows: pa.Table, counts: dict[str, int]) -> dict:
+        key = (self.partition, self.file_id)
+        base_instant = self.task.log_base_instants.get(key, self.slice.base_instant)
+        version = 1 + max((lf.version for lf in self.slice.logs if lf.base_instant == base_instant), default=0)
+        lf = LogFile(self.file_id, base_instant, version, f"{self.task.instant}-{new_write_token()}")
+        path = self._new_file(lf.file_name)
+        schema = self.config.log_schema
+        if DELETED_COLUMN not in rows.column_names:
+            rows = rows.append_column(DELETED_COLUMN, pa.array(np.zeros(rows.num_rows, dtype=bool)))
+        block = pa.Table.from_arrays(
+            [rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+             for f in schema], schema=schema)
+        write_data_log(self.storage, path, self.task.instant, block, self.config.options["write.log.block_format"],
+                       self.config.options["write.parquet.compression"])
+        return _stats_row(self.partition, self.file_id, lf.file_name, "log", self.storage.size(path),
+                          rows.num_rows, counts)
+
+
+def write_file_group(task: WriteTask, rows: pa.Table) -> pa.Table:
+    """Every incoming row of one file group (tagged) -> statistics of the files written."""
+    if rows.num_rows == 0:
+        return STATS_SCHEMA.empty_table()
+    partition = rows[PARTITION_COLUMN][0].as_py()
+    file_id = rows[FILE_ID_COLUMN][0].as_py()
+    return pa.Table.from_pylist(FileGroupWriter(task, partition, file_id).write(rows), schema=STATS_SCHEMA)
+
+
+def split_by_file_group(tagged: pa.Table) -> Iterator[pa.Table]:
+    """The rows of each file group, one table at a time."""
+    if tagged.num_rows == 0:
+        return
+    order = pc.sort_indices(tagged, sort_keys=[(PARTITION_COLUMN, "ascending"), (FILE_ID_COLUMN, "ascending")])
+    ordered = tagged.take(order)
+    group = pc.binary_join_element_wise(ordered[PARTITION_COLUMN], ordered[FILE_ID_COLUMN], "\x00")
+    group = group.combine_chunks()
+    starts = np.flatnonzero(np.r_[True, pc.not_equal(group.slice(1), group.slice(0, len(group) - 1))
+                                  .to_numpy(zero_copy_only=False)])
+    bounds = list(starts) + [len(group)]
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        yield ordered.slice(start, end - start)
+
+
+def write_local(task: WriteTask, data: pa.Table) -> pa.Table:
+    """The whole write in this process (pyarrow input, no Spark)."""
+    tagged = tag(task.config, task.operation, data)
+    results = [write_file_group(task, group) for group in split_by_file_group(tagged)]
+    return pa.concat_tables(results) if results else STATS_SCHEMA.empty_table()
