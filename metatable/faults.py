@@ -1,18 +1,25 @@
-"""Named crash points for failure testing.
+"""Named fault points for failure testing.
 
 `METATABLE_CRASH_AT=<point>[:<n>]` makes the process SIGKILL itself the n-th
-time (default first) it reaches `point`. Unset (always, outside tests) this is
-a dictionary lookup and nothing more.
+time (default first) it reaches `point`; `METATABLE_PAUSE_AT=<point>:<seconds>`
+makes it sleep there (to hold two writers in a chosen interleaving). Unset
+(always, outside tests) each is a dictionary lookup and nothing more.
 """
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 _hits: dict[str, int] = {}
 
 
 def crash_point(name: str) -> None:
+    pause = os.environ.get("METATABLE_PAUSE_AT")
+    if pause:
+        point, _, seconds = pause.partition(":")
+        if point == name:
+            time.sleep(float(seconds or 1))
     spec = os.environ.get("METATABLE_CRASH_AT")
     if not spec:
         return

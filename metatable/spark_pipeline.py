@@ -63,6 +63,13 @@ def _tag_batches(config: TableConfig, operation: str, batches: Iterator[pa.Recor
         yield from tag(config, operation, pa.Table.from_batches([batch])).to_batches()
 
 
+def _group_writer(task: WriteTask):
+    """A plain annotated function: PySpark infers applyInArrow's calling convention from its type hints."""
+    def write(table: pa.Table) -> pa.Table:
+        return write_file_group(task, table)
+    return write
+
+
 def write_dataframe(task: WriteTask, df) -> pa.Table:
     """Run the write on Spark; returns the statistics of every file written."""
     config, operation = task.config, task.operation
@@ -73,8 +80,8 @@ def write_dataframe(task: WriteTask, df) -> pa.Table:
     tagged = df.mapInArrow(partial(_tag_batches, config, operation), to_spark_schema(tagged_schema))
     if partitions:
         tagged = tagged.repartition(partitions, PARTITION_COLUMN, FILE_ID_COLUMN)
-    stats = tagged.groupBy(PARTITION_COLUMN, FILE_ID_COLUMN).applyInArrow(
-        partial(write_file_group, task), to_spark_schema(STATS_SCHEMA))
+    stats = tagged.groupBy(PARTITION_COLUMN, FILE_ID_COLUMN).applyInArrow(_group_writer(task),
+                                                                         to_spark_schema(STATS_SCHEMA))
     try:
         return stats.toArrow()
     except Exception as e:  # Spark wraps executor errors; bring ours back by name

@@ -1,0 +1,92 @@
+"""A plain-Python model of a keyed table, and helpers to check a real table against it."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import strategies as st
+
+from indexes.column_stats import file_column_stats, stats_columns
+from indexes.keys import column_stats_key
+from metatable.log_file import LogFile
+from metatable.table import Table
+
+SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.string()), ("ts", pa.int64())])
+
+rows_strategy = st.lists(st.fixed_dictionaries({
+    "id": st.integers(0, 15), "p": st.sampled_from(["a", "b", "c"]),
+    "v": st.one_of(st.none(), st.text("xyz", max_size=3)), "ts": st.integers(0, 3)}), min_size=1, max_size=12)
+operation_strategy = st.tuples(st.sampled_from(["upsert", "upsert", "insert", "delete"]), rows_strategy)
+
+
+class TableModel:
+    def __init__(self, partitioned: bool) -> None:
+        self.partitioned = partitioned
+        self.rows: dict[Any, dict] = {}
+
+    def identity(self, row: dict) -> Any:
+        return (row["p"], row["id"]) if self.partitioned else row["id"]
+
+    def _dedupe(self, rows: list[dict]) -> dict[Any, dict]:
+        best: dict[Any, dict] = {}
+        rank = lambda r: (r["ts"], r["id"], r["p"], (r["v"] is not None, r["v"] or ""))  # noqa: E731
+        for r in rows:
+            k = self.identity(r)
+            if k not in best or rank(r) > rank(best[k]):
+                best[k] = r
+        return best
+
+    def apply(self, operation: str, rows: list[dict]) -> None:
+        if operation == "delete":
+            for r in rows:
+                self.rows.pop(self.identity(r), None)
+            return
+        for k, r in self._dedupe(rows).items():
+            if operation == "insert":
+                self.rows.setdefault(k, r)
+            elif k not in self.rows or r["ts"] >= self.rows[k]["ts"]:
+                self.rows[k] = r
+
+    def expected(self) -> list[dict]:
+        return sorted(self.rows.values(), key=lambda r: (r["p"], r["id"]))
+
+
+def sort_rows(rows: list[dict]) -> list[dict]:
+    return sorted(rows, key=lambda r: (r["p"], r["id"]))
+
+
+def data_files_on_disk(table: Table) -> set[str]:
+    out = set()
+    for directory, dirs, names in os.walk(table.path):
+        dirs[:] = [d for d in dirs if d != ".metatable"]
+        for name in names:
+            if name.endswith(".parquet") or LogFile.is_log_name(name):
+                out.add(os.path.relpath(os.path.join(directory, name), table.path))
+    return out
+
+
+def files_in_metadata(table: Table) -> set[str]:
+    out = set()
+    for partition, names in table._live_files().items():
+        out |= {name if partition == "." else f"{partition}/{name}" for name in names}
+    return out
+
+
+def check_metadata(table: Table) -> None:
+    """The files partition lists exactly the data files on disk; column stats match the files."""
+    assert files_in_metadata(table) == data_files_on_disk(table)
+    if "column_stats" not in table.config.metadata_indexes:
+        return
+    columns = stats_columns(table.config)
+    for relative in files_in_metadata(table):
+        if not relative.endswith(".parquet"):
+            continue
+        partition, _, name = relative.rpartition("/")
+        partition = partition or "."
+        path = os.path.join(table.path, relative)
+        expected = file_column_stats(pq.read_table(path), columns, partition, name, pq.read_metadata(path))
+        got = table.metadata.get_many("column_stats", list(expected))
+        assert got == {k: {kk: vv for kk, vv in v.items() if kk != "resets"} for k, v in expected.items()}, relative
+        assert set(got) == {column_stats_key(c, partition, name) for c in columns}
