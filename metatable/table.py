@@ -33,7 +33,7 @@ from .instant import Action, Instant, State
 from .lock import TableLock
 from .metadata_table import MetadataTable
 from .slice_reader import partition_dir, read_slice
-from .spark_pipeline import is_dataframe, read_dataframe, write_dataframe
+from .spark_pipeline import arrow_schema_of, is_dataframe, read_dataframe, write_dataframe
 from .storage import LocalStorage, Storage
 from .table_config import IndexConfig, TableConfig, as_tuple, normalize_schema
 from .timeline import META_DIR, Timeline
@@ -136,7 +136,8 @@ class Table:
         on_spark = is_dataframe(data)
         if not on_spark:
             data = _as_arrow(data)
-            tag(config, operation, data.schema.empty_table())  # schema errors before anything is written
+        schema = arrow_schema_of(data) if on_spark else data.schema
+        tag(config, operation, schema.empty_table())  # schema errors before anything is written
         action = Action.DELTACOMMIT if config.merge_on_read else Action.COMMIT
         with self._timeline.lock.held():
             self._recover()

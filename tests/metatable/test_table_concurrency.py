@@ -1,0 +1,85 @@
+"""Real processes writing one table: conflicts, disjoint writers, and a SIGKILLed writer."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pytest
+
+import metatable as mt
+
+from .table_model import SCHEMA, TableModel, check_metadata, data_files_on_disk, sort_rows
+
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAST = {"heartbeat.interval_s": 0.05, "heartbeat.tolerable_misses": 2}
+
+
+def rows(ids, p, v, ts=1):
+    return [{"id": i, "p": p, "v": v, "ts": ts} for i in ids]
+
+
+def start(root, operation, data, **env):
+    return subprocess.Popen([sys.executable, "-m", "tests.metatable.table_writer_child", root, operation,
+                             json.dumps(data)], cwd=ROOT_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": ROOT_DIR, **env})
+
+
+@pytest.fixture(params=["merge_on_read", "copy_on_write"])
+def table(tmp_path, request):
+    t = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts", table_type=request.param,
+                        index=mt.IndexConfig(num_buckets=1))
+    t.upsert(pa.Table.from_pylist(rows(range(5), "a", "seed") + rows(range(5), "b", "seed"), schema=SCHEMA))
+    return t
+
+
+@pytest.mark.slow
+def test_writers_of_the_same_file_group_one_wins(table):
+    slow = start(table.path, "upsert", rows([1, 7], "a", "slow", 5), METATABLE_PAUSE_AT="table.write.files:3")
+    time.sleep(1.5)
+    fast = start(table.path, "upsert", rows([1, 8], "a", "fast", 5))
+    assert fast.wait(60) == 0, fast.stderr.read()
+    assert slow.wait(60) == 3, slow.stdout.read() + slow.stderr.read()
+    assert "conflicts with" in slow.stdout.read()
+    model = TableModel(True)
+    model.apply("upsert", rows(range(5), "a", "seed") + rows(range(5), "b", "seed"))
+    model.apply("upsert", rows([1, 8], "a", "fast", 5))
+    reopened = mt.Table.open(table.path)
+    assert sort_rows(reopened.to_arrow().to_pylist()) == model.expected()
+    check_metadata(reopened)  # the loser's files are gone from disk too
+    assert not reopened._timeline.pending()
+
+
+@pytest.mark.slow
+def test_disjoint_writers_both_commit(table):
+    a = start(table.path, "upsert", rows([1, 7], "a", "A", 5), METATABLE_PAUSE_AT="table.write.files:2")
+    time.sleep(1.0)
+    b = start(table.path, "upsert", rows([2, 9], "b", "B", 5))
+    assert b.wait(60) == 0, b.stderr.read()
+    assert a.wait(60) == 0, a.stderr.read()
+    got = {(r["p"], r["id"]): r["v"] for r in mt.Table.open(table.path).to_arrow().to_pylist()}
+    assert got[("a", 1)] == "A" and got[("a", 7)] == "A" and got[("b", 2)] == "B" and got[("b", 9)] == "B"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["table.write.files", "table.commit.metadata", "metadata.write.log"])
+def test_killed_writer_is_rolled_back_by_the_next(table, point):
+    before = sort_rows(table.to_arrow().to_pylist())
+    files_before = data_files_on_disk(table)
+    victim = start(table.path, "upsert", rows([1, 2, 3, 40], "a", "dead", 9), METATABLE_CRASH_AT=point)
+    assert victim.wait(60) == -signal.SIGKILL
+    assert sort_rows(mt.Table.open(table.path).to_arrow().to_pylist()) == before  # nothing half-visible
+    time.sleep(0.3)
+    survivor = mt.Table.open(table.path, options=FAST)
+    survivor.upsert(pa.Table.from_pylist(rows([4], "b", "after", 9), schema=SCHEMA))
+    assert not survivor._timeline.pending()
+    got = sort_rows(survivor.to_arrow().to_pylist())
+    assert [r for r in got if r["v"] == "dead"] == []
+    assert {(r["p"], r["id"]): r["v"] for r in got}[("b", 4)] == "after"
+    check_metadata(survivor)
+    assert data_files_on_disk(survivor) - files_before, "the next writer's files"
+    assert any(i.action.value == "rollback" for i in survivor.timeline())

@@ -1,0 +1,104 @@
+"""End to end on Spark through the public API."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import metatable as mt
+from metatable.errors import ConfigError, InvalidInputError, TableExistsError, TableNotFoundError
+
+from .table_model import SCHEMA, TableModel, check_metadata, operation_strategy, sort_rows
+
+DDL = "id long, p string, v string, ts long"
+
+
+def as_dicts(df):
+    return sort_rows([r.asDict() for r in df.collect()])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+@settings(max_examples=4)
+@given(ops=st.lists(operation_strategy, min_size=1, max_size=4), partitioned=st.booleans())
+def test_spark_writes_equal_model(spark, table_type, partitioned, ops):
+    root = tempfile.mkdtemp(prefix="mt-spark-")
+    try:
+        table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p" if partitioned else None, "ts",
+                                table_type=table_type, index=mt.IndexConfig(num_buckets=2))
+        model = TableModel(partitioned)
+        for operation, rows in ops:
+            df = spark.createDataFrame([(r["id"], r["p"], r["v"], r["ts"]) for r in rows], DDL)
+            getattr(table, operation)(df.select("id", "p") if operation == "delete" else df)
+            model.apply(operation, rows)
+        assert as_dicts(table.read()) == model.expected()
+        assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
+        check_metadata(table)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def table(tmp_path):
+    return mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2))
+
+
+def test_read_optimized_and_time_travel(spark, table):
+    first = table.upsert(spark.createDataFrame([(1, "a", "x", 1), (2, "a", "y", 1)], DDL))
+    table.upsert(spark.createDataFrame([(1, "a", "x2", 2)], DDL))
+    table.delete(spark.createDataFrame([(2, "a")], "id long, p string"))
+    assert [r["v"] for r in as_dicts(table.read())] == ["x2"]
+    assert [r["v"] for r in as_dicts(table.read(read_optimized=True))] == ["x", "y"]  # base files only
+    assert [r["v"] for r in as_dicts(table.read(as_of=first.instant))] == ["x", "y"]
+    assert [r["v"] for r in sort_rows(table.to_arrow(as_of=first.instant).to_pylist())] == ["x", "y"]
+    with pytest.raises(InvalidInputError, match="not a completed instant"):
+        table.read(as_of="20000101000000000")
+    table.compact()
+    assert [r["v"] for r in as_dicts(table.read(read_optimized=True))] == ["x2"]
+
+
+@pytest.mark.parametrize("rows,ddl,message", [
+    ([(None, "a", "v", 1)], DDL, "'id' is null or empty"),
+    ([(1, "a", "v")], "id long, p string, v string", r"lacks columns \[.ts.\]"),
+    ([("1", "a", "v", 1)], "id string, p string, v string, ts long", "'id' has type string"),
+    ([(1, "a", "v", 1, 2)], DDL + ", extra long", r"columns \['extra'\] that the table does not"),
+])
+def test_bad_input_is_rejected_before_anything_is_written(spark, table, rows, ddl, message):
+    with pytest.raises(InvalidInputError, match=message):
+        table.upsert(spark.createDataFrame(rows, ddl))
+    assert table.to_arrow().num_rows == 0
+    # schema problems stop before an instant exists; null keys stop the job before its write stage
+    assert all(i.action.value == "rollback" for i in table.timeline())
+    assert table.file_slices() == {}
+    assert not [p for p in (table.path + "/p=a",) if __import__("os").path.exists(p) and __import__("os").listdir(p)]
+
+
+def test_bad_table_definitions(tmp_path):
+    with pytest.raises(InvalidInputError, match="not in the schema"):
+        mt.Table.create(str(tmp_path / "a"), SCHEMA, "nope")
+    with pytest.raises(ConfigError, match="unknown option 'write.paralelism'"):
+        mt.Table.create(str(tmp_path / "b"), SCHEMA, "id", options={"write.paralelism": 3})
+    with pytest.raises(ConfigError, match="table_type"):
+        mt.Table.create(str(tmp_path / "c"), SCHEMA, "id", table_type="mor")
+    with pytest.raises(ConfigError, match="index type"):
+        mt.IndexConfig(type="hash")
+    mt.Table.create(str(tmp_path / "d"), SCHEMA, "id")
+    with pytest.raises(TableExistsError):
+        mt.Table.create(str(tmp_path / "d"), SCHEMA, "id")
+    with pytest.raises(TableNotFoundError):
+        mt.Table.open(str(tmp_path / "nothing"))
+
+
+def test_arrow_input_without_spark_session_state(table):
+    r = table.upsert(pa.table({"id": [1, 2], "p": ["a", "b"], "v": ["x", None], "ts": [1, 1]}))
+    assert (r.inserted, r.updated) == (2, 0)
+    r = table.upsert(pa.table({"id": [1, 3], "p": ["a", "b"], "v": ["z", "w"], "ts": [0, 1]}))
+    assert (r.inserted, r.updated) == (1, 1)
+    assert sort_rows(table.to_arrow().to_pylist())[0]["v"] == "x"  # lower ordering value loses
+    r = table.insert(pa.table({"id": [1], "p": ["a"], "v": ["q"], "ts": [9]}))
+    assert (r.inserted, r.skipped) == (0, 1)
+    with pytest.raises(InvalidInputError, match="Spark DataFrame or a pyarrow Table"):
+        table.upsert([{"id": 1}])
