@@ -2,6 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+SF ?= 0.1
 
 .PHONY: test demo bench clean
 
@@ -15,7 +16,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 demo: $(STAMP)
-	$(VENV)/bin/metatable demo
+	$(VENV)/bin/metatable demo --scale-factor $(SF)
 
 bench: $(STAMP)
 	$(PY) benchmarks/mdt_lookup.py

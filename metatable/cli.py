@@ -3,16 +3,25 @@ from __future__ import annotations
 
 import argparse
 import base64
+import io
 import json
 import logging
 import os
 import sys
 from typing import Any, Sequence
 
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
 from .errors import InvalidInputError, MetatableError, TableNotFoundError
 from .metadata_table import DEFAULT_FILE_GROUPS, MetadataTable
-from .timeline import META_DIR, Timeline
+from .slice_reader import read_slice
 from .storage import LocalStorage
+from .table import Table
+from .table_config import IndexConfig
+from .timeline import META_DIR, Timeline
 
 log = logging.getLogger("metatable.cli")
 
@@ -110,10 +119,129 @@ def cmd_metadata_compact(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .demo import run_metadata_demo
+    from .demo import run_demo
 
-    os.makedirs(args.workdir, exist_ok=True)
-    run_metadata_demo(args.workdir)
+    run_demo(args.workdir, args.scale_factor, args.buckets)
+
+
+# -- data tables ---------------------------------------------------------------------------------
+def read_input(path: str, fmt: str | None = None) -> pa.Table:
+    """A Parquet, CSV or JSON (lines) file as an Arrow table; the format comes from the extension."""
+    fmt = fmt or os.path.splitext(path)[1].lstrip(".").lower()
+    if not os.path.exists(path):
+        raise InvalidInputError(f"input file {path} does not exist")
+    try:
+        if fmt in ("parquet", "pq"):
+            return pq.read_table(path)
+        if fmt == "csv":
+            return pacsv.read_csv(path)
+        if fmt in ("json", "jsonl", "ndjson"):
+            return pajson.read_json(path)
+    except pa.ArrowException as e:
+        raise InvalidInputError(f"cannot read {path} as {fmt}: {e}") from None
+    raise InvalidInputError(f"unknown input format {fmt!r} for {path}; use --format parquet, csv or json")
+
+
+def parse_schema(text: str) -> pa.Schema:
+    """`name:type,...` with types int32, int64, float64, string, bool, date32, timestamp[us]..."""
+    fields = []
+    for item in text.split(","):
+        name, _, type_name = item.strip().partition(":")
+        try:
+            fields.append(pa.field(name, pa.type_for_alias(type_name.strip())))
+        except (ValueError, KeyError):
+            raise InvalidInputError(f"unknown type {type_name!r} for column {name!r} in --schema") from None
+    return pa.schema(fields)
+
+
+def parse_options(items: Sequence[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidInputError(f"--option takes key=value, got {item!r}")
+        out[key] = json.loads(value) if value[:1] in "0123456789-tf[{\"" and value not in ("-",) else value
+    return out
+
+
+def cmd_create(args: argparse.Namespace) -> None:
+    if bool(args.schema) == bool(args.schema_from):
+        raise InvalidInputError("give the schema with exactly one of --schema or --schema-from")
+    schema = parse_schema(args.schema) if args.schema else read_input(args.schema_from, args.format).schema
+    index = IndexConfig(type=args.index, engine=args.engine, num_buckets=args.buckets)
+    table = Table.create(args.path, schema, args.key.split(","),
+                         args.partition_by.split(",") if args.partition_by else None, args.ordering,
+                         args.type, index, args.metadata_index or ["column_stats"], parse_options(args.option))
+    print(f"created {table.config.table_type} table {table.path}: key {list(table.config.record_key)}, "
+          f"partitioned by {list(table.config.partition_by) or 'nothing'}, {index.type} index")
+
+
+def _write(args: argparse.Namespace, operation: str) -> None:
+    table = Table.open(args.path)
+    data: Any = read_input(args.file, args.format)
+    if args.spark:
+        from .spark_pipeline import spark_session
+        data = spark_session().createDataFrame(data.to_pandas())
+    result = getattr(table, operation)(data)
+    print(f"{operation} {result.instant}: {result.inserted} inserted, {result.updated} updated, "
+          f"{result.deleted} deleted, {result.skipped} skipped, {result.files_written} files in {result.seconds:.2f}s")
+
+
+def print_rows(table: pa.Table, fmt: str) -> None:
+    if fmt == "json":
+        for row in table.to_pylist():
+            print(json.dumps(row, default=_json_default))
+    elif fmt == "csv":
+        buf = io.BytesIO()
+        pacsv.write_csv(table, buf)
+        sys.stdout.write(buf.getvalue().decode())
+    else:
+        rows = [[("" if v is None else str(v)) for v in r.values()] for r in table.to_pylist()]
+        widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(table.column_names)]
+        print("  ".join(n.ljust(w) for n, w in zip(table.column_names, widths)))
+        for r in rows:
+            print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
+
+
+def cmd_read(args: argparse.Namespace) -> None:
+    table = Table.open(args.path)
+    parts, count = [], 0
+    for fs in table.file_slices(args.as_of).values():
+        part = read_slice(table.storage, table.path, table.config, fs, args.read_optimized) \
+            .select(table.config.schema.names)
+        parts.append(part)
+        count += part.num_rows
+        if args.limit and count >= args.limit:
+            break
+    result = pa.concat_tables(parts) if parts else table.config.schema.empty_table()
+    if args.limit:
+        result = result.slice(0, args.limit)
+    print_rows(result, args.output)
+    print(f"({result.num_rows} rows)", file=sys.stderr)
+
+
+def cmd_compact(args: argparse.Namespace) -> None:
+    instant = Table.open(args.path).compact()
+    print(f"compacted at {instant}" if instant else "nothing to compact")
+
+
+def cmd_clean(args: argparse.Namespace) -> None:
+    instant = Table.open(args.path).clean()
+    print(f"cleaned at {instant}" if instant else "nothing to clean")
+
+
+def cmd_rollback(args: argparse.Namespace) -> None:
+    done = Table.open(args.path).rollback(args.instant, force=args.force)
+    print(f"rolled back {', '.join(done)}" if done else "no failed writes to roll back")
+
+
+def cmd_stats(args: argparse.Namespace) -> None:
+    table = Table.open(args.path)
+    rows = table.stats()
+    print_rows(pa.Table.from_pylist(rows) if rows else pa.table({"partition": pa.array([], pa.string())}), "table")
+    print(f"{len(rows)} file groups, {sum(r['base_rows'] for r in rows)} base rows, "
+          f"{sum(r['logs'] for r in rows)} pending logs ({sum(r['log_rows'] for r in rows)} rows), "
+          f"{sum(r['base_bytes'] + r['log_bytes'] for r in rows) / 2**20:.1f} MiB")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,8 +253,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.set_defaults(func=cmd_timeline)
 
+    p = sub.add_parser("create", help="create a keyed table")
+    p.add_argument("path")
+    p.add_argument("--schema", help="name:type,... (e.g. id:int64,p:string,ts:int64)")
+    p.add_argument("--schema-from", help="take the schema of this data file")
+    p.add_argument("--format", help="format of --schema-from (default: from its extension)")
+    p.add_argument("--key", required=True, help="record key column(s), comma separated")
+    p.add_argument("--partition-by", help="partition column(s), comma separated")
+    p.add_argument("--ordering", help="ordering field: among versions of a key, the greatest wins")
+    p.add_argument("--type", default="merge_on_read", choices=["merge_on_read", "copy_on_write"])
+    p.add_argument("--index", default="bucket", choices=["bucket", "bloom"])
+    p.add_argument("--engine", default="simple", choices=["simple", "consistent_hashing"])
+    p.add_argument("--buckets", type=int, default=4)
+    p.add_argument("--metadata-index", action="append", choices=["column_stats", "bloom_filter"])
+    p.add_argument("--option", action="append", help="key=value table option (repeatable)")
+    p.set_defaults(func=cmd_create)
+    for operation in ("upsert", "insert", "delete"):
+        p = sub.add_parser(operation, help=f"{operation} the rows of a Parquet, CSV or JSON file")
+        p.add_argument("path")
+        p.add_argument("file")
+        p.add_argument("--format", choices=["parquet", "csv", "json"])
+        p.add_argument("--spark", action="store_true", help="write through Spark (local) instead of in-process")
+        p.set_defaults(func=lambda a, op=operation: _write(a, op))
+    p = sub.add_parser("read", help="print the table's snapshot")
+    p.add_argument("path")
+    p.add_argument("--limit", type=int, default=20, help="rows to print (0: all)")
+    p.add_argument("--output", default="table", choices=["table", "json", "csv"])
+    p.add_argument("--as-of", help="read as of this completed instant")
+    p.add_argument("--read-optimized", action="store_true", help="base files only (skip unmerged logs)")
+    p.set_defaults(func=cmd_read)
+    for name, func, text in (("compact", cmd_compact, "compact merge-on-read file groups that have logs"),
+                             ("clean", cmd_clean, "delete file slices no retained commit can read")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("path")
+        p.set_defaults(func=func)
+    p = sub.add_parser("rollback", help="roll back failed writes (all whose writer is gone, or one instant)")
+    p.add_argument("path")
+    p.add_argument("--instant")
+    p.add_argument("--force", action="store_true", help="even if its writer still beats")
+    p.set_defaults(func=cmd_rollback)
+    p = sub.add_parser("stats", help="per partition and bucket: file groups, rows, bytes, pending logs")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_stats)
+
     p = sub.add_parser("demo", help="the main job: a metatable session on local files")
     p.add_argument("--workdir", default="demo-data")
+    p.add_argument("--scale-factor", type=float, default=float(os.environ.get("SF", "0.1")),
+                   help="TPC-H scale factor (default 0.1, or $SF)")
+    p.add_argument("--buckets", type=int, default=4, help="buckets per partition")
     p.set_defaults(func=cmd_demo)
 
     md = sub.add_parser("metadata", help="inspect or use a metadata table").add_subparsers(dest="mdcommand",

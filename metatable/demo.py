@@ -1,39 +1,132 @@
-"""`metatable demo`: the main job, on an embedded default (local files)."""
+"""`metatable demo`: the main job on an embedded default (local Spark, local files).
+
+TPC-H lineitem from tpchgen-cli is bulk-loaded into a merge-on-read table keyed by
+(l_orderkey, l_linenumber), partitioned by ship year, with a bucket index; then a
+5% upsert batch (90% updates, 10% new keys), 1,000 deletes, a check of the whole
+snapshot against the expected rows computed independently in Spark, a compaction,
+and a summary.
+"""
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import subprocess
+import sys
 import time
+from dataclasses import dataclass
 
-from indexes.keys import column_stats_key, column_stats_prefix
-from .metadata_table import MetadataTable
+from .table import Table
+from .table_config import IndexConfig
+
+log = logging.getLogger(__name__)
+
+KEY = ["l_orderkey", "l_linenumber"]
 
 
-def run_metadata_demo(workdir: str) -> None:
-    """A metadata-table session: commits, tombstones, merged reads, compaction, clean."""
-    root = os.path.join(workdir, "metadata-demo")
+@dataclass
+class Step:
+    name: str
+    rows: int
+    seconds: float
+    detail: str = ""
+
+
+def generate_lineitem(workdir: str, scale_factor: float) -> str:
+    """lineitem.parquet from tpchgen-cli (kept between runs of the same scale factor)."""
+    out = os.path.join(workdir, f"tpch-sf{scale_factor:g}")
+    path = os.path.join(out, "lineitem.parquet")
+    if not os.path.exists(path):
+        tool = shutil.which("tpchgen-cli") or os.path.join(os.path.dirname(sys.executable), "tpchgen-cli")
+        print(f"generating TPC-H lineitem at scale factor {scale_factor:g} ...", flush=True)
+        subprocess.run([tool, "parquet", "-s", f"{scale_factor:g}", "--tables=lineitem", f"--output-dir={out}"],
+                       check=True)
+    return path
+
+
+def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[Step]:
+    from pyspark.sql import functions as F
+
+    from .spark_pipeline import arrow_schema_of, spark_session
+
+    os.makedirs(workdir, exist_ok=True)
+    source = generate_lineitem(workdir, scale_factor)
+    spark = spark_session(app_name="metatable-demo", shuffle_partitions=8,
+                          **{"spark.ui.showConsoleProgress": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    steps: list[Step] = []
+
+    def timed(name: str, rows: int, fn, detail=lambda r: "") -> object:
+        print(f"[{len(steps) + 1}] {name} ...", flush=True)
+        started = time.perf_counter()
+        result = fn()
+        steps.append(Step(name, rows, time.perf_counter() - started, detail(result)))
+        print(f"    {steps[-1].seconds:.1f}s {steps[-1].detail}", flush=True)
+        return result
+
+    lineitem = spark.read.parquet(source).withColumn("ship_year", F.year("l_shipdate"))
+    total = lineitem.count()
+    root = os.path.join(workdir, "lineitem")
     shutil.rmtree(root, ignore_errors=True)
-    mdt = MetadataTable.create(root, {"files": 1, "column_stats": 4},
-                               options={"metadata.compact.max_delta_commits": 5})
-    started = time.perf_counter()
-    for i in range(12):
-        partition = f"2024-{i % 3 + 1:02d}"
-        name = f"file-{i:03d}.parquet"
-        stats = {column_stats_key(col, partition, name): {
-            "file_name": name, "column_name": col, "min_value": i * 100, "max_value": i * 100 + 99,
-            "null_count": 0, "value_count": 100, "total_size": 4000, "is_deleted": False, "resets": False}
-            for col in ("id", "amount")}
-        removed = {f"file-{i - 6:03d}.parquet": {"size": 0, "is_deleted": True}} if i >= 6 else {}
-        mdt.commit({"files": {partition: {"files": {name: {"size": 4000 + i, "is_deleted": False}, **removed},
-                                          "is_deleted": False}},
-                    "column_stats": stats})
-    elapsed = time.perf_counter() - started
-    print(f"metadata table at {root}: 12 commits in {elapsed:.2f}s")
-    for partition, record in mdt.scan("files"):
-        print(f"  files[{partition}] = {sorted(record['files'])}")
-    ids = list(mdt.scan("column_stats", column_stats_prefix("id")))
-    print(f"  column_stats: {len(ids)} files have stats for 'id'; "
-          f"min..max over all: {min(r['min_value'] for _, r in ids)}..{max(r['max_value'] for _, r in ids)}")
-    print("  timeline:")
-    for instant in mdt.timeline.instants():
-        print(f"    {instant.time}  {instant.action.value:<12} {instant.state.value}")
+    table = Table.create(root, arrow_schema_of(lineitem), KEY, ["ship_year"], table_type="merge_on_read",
+                         index=IndexConfig(type="bucket", num_buckets=buckets),
+                         metadata_indexes=["column_stats"])
+
+    def describe(r) -> str:
+        return (f"instant {r.instant}: {r.inserted} inserted, {r.updated} updated, {r.deleted} deleted, "
+                f"{r.files_written} files")
+
+    timed("bulk load", total, lambda: table.insert(lineitem), describe)
+
+    # the 5% batch: 90% updates of existing keys, 10% new keys
+    sample = lineitem.sample(fraction=0.05, seed=42).cache()
+    max_order = lineitem.agg(F.max("l_orderkey")).first()[0]
+    updates = sample.sample(fraction=0.9, seed=7).withColumn("l_quantity", F.col("l_quantity") + F.lit(1)) \
+        .withColumn("l_comment", F.lit("updated by the demo"))
+    new_rows = sample.join(updates.select(*KEY), KEY, "left_anti") \
+        .withColumn("l_orderkey", F.col("l_orderkey") + F.lit(max_order)) \
+        .withColumn("l_comment", F.lit("inserted by the demo"))
+    batch = updates.unionByName(new_rows).cache()
+    batch_rows = batch.count()
+    timed("upsert 5% (90% updates, 10% new)", batch_rows, lambda: table.upsert(batch), describe)
+
+    doomed = lineitem.select(*KEY, "ship_year").orderBy(F.rand(3)).limit(1000).cache()
+    timed("delete 1,000 keys", 1000, lambda: table.delete(doomed), describe)
+
+    expected = lineitem.join(batch.select(*KEY), KEY, "left_anti").unionByName(batch) \
+        .join(doomed.select(*KEY), KEY, "left_anti").select(*lineitem.columns)  # joins move keys first
+
+    def verify() -> int:
+        actual = table.read()
+        n = actual.count()
+        want = expected.count()
+        if n != want:
+            raise AssertionError(f"snapshot has {n} rows, expected {want}")
+        missing = expected.exceptAll(actual).count()
+        extra = actual.exceptAll(expected).count()
+        if missing or extra:
+            raise AssertionError(f"snapshot differs from the expected rows: {missing} missing, {extra} unexpected")
+        return n
+
+    rows = timed("verify the snapshot (every row)", total, verify, lambda n: f"{n} rows, all as expected")
+    timed("compact", rows, table.compact, lambda instant: f"instant {instant}")
+    timed("verify after compaction (every row)", rows, verify, lambda n: f"{n} rows, all as expected")
+
+    stats = table.stats()
+    print()
+    print(f"metatable demo: TPC-H lineitem SF {scale_factor:g} ({total:,} rows) at {root}")
+    print(f"{'step':<36} {'rows':>10} {'seconds':>8} {'rows/s':>10}")
+    for s in steps:
+        print(f"{s.name:<36} {s.rows:>10,} {s.seconds:>8.1f} {s.rows / s.seconds if s.seconds else 0:>10,.0f}")
+    print(f"\ntable: {len(stats)} file groups in {len({s['partition'] for s in stats})} partitions, "
+          f"{sum(s['base_rows'] for s in stats):,} rows, "
+          f"{sum(s['base_bytes'] for s in stats) / 2**20:.1f} MiB of base files, "
+          f"{sum(s['logs'] for s in stats)} logs pending")
+    print("timeline:")
+    for instant in table.timeline():
+        print(f"  {instant.time}  {instant.action.value:<12} {instant.state.value}")
+    print("metadata table timeline (last 5):")
+    for instant in table.metadata.timeline.instants()[-5:]:
+        print(f"  {instant.time}  {instant.action.value:<12} {instant.state.value}")
+    spark.stop()
+    return steps
