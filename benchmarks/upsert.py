@@ -1,0 +1,199 @@
+"""Upserts on TPC-H lineitem: metatable (copy-on-write and merge-on-read) against its peers, in one run.
+
+Steps per system: bulk load, a 5% upsert batch (90% updates of existing keys, 10%
+new keys), and a skewed batch (80% of the updated keys in one partition). Peers:
+a plain Spark rewrite of the affected partitions (join and overwrite: what you do
+without an index) and delta-rs (`DeltaTable.merge` on the same key). Every system
+reads the same batch files. Prints one JSON line per measurement.
+
+    python benchmarks/upsert.py [--scale-factor 1] [--only metatable,spark,delta]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+
+import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import metatable as mt  # noqa: E402
+from metatable.demo import KEY, generate_lineitem  # noqa: E402
+from metatable.spark_pipeline import arrow_schema_of  # noqa: E402
+
+
+class PeakRss:
+    """Peak resident memory of this process and its children (JVM, Python workers) while running."""
+
+    def __init__(self) -> None:
+        self.me = psutil.Process()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> int:
+        total = 0
+        for p in [self.me, *self.me.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, self._sample())
+
+    def __enter__(self) -> PeakRss:
+        self.peak = self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def measure(system: str, step: str, rows: int, fn, **extra) -> object:
+    with PeakRss() as rss:
+        started = time.perf_counter()
+        result = fn()
+        seconds = time.perf_counter() - started
+    print(json.dumps({"benchmark": "upsert", "system": system, "step": step, "rows": rows,
+                      "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds) if seconds else None,
+                      "peak_rss_mb": round(rss.peak / 2**20), **extra}), flush=True)
+    return result
+
+
+def make_batches(spark, lineitem, workdir: str) -> dict[str, str]:
+    """The 5% batch and the skewed batch, written once as Parquet so every system reads the same rows."""
+    from pyspark.sql import functions as F
+
+    paths = {"upsert_5pct": os.path.join(workdir, "batch_5pct"), "upsert_skewed": os.path.join(workdir, "batch_skewed")}
+    if all(os.path.exists(p) for p in paths.values()):
+        return paths
+    max_order = lineitem.agg(F.max("l_orderkey")).first()[0]
+
+    def batch(sample, seed):
+        updates = sample.sample(fraction=0.9, seed=seed) \
+            .withColumn("l_quantity", F.col("l_quantity") + F.lit(1)).withColumn("l_comment", F.lit("updated"))
+        new = sample.join(updates.select(*KEY), KEY, "left_anti") \
+            .withColumn("l_orderkey", F.col("l_orderkey") + F.lit(max_order * seed)) \
+            .withColumn("l_comment", F.lit("new"))
+        return updates.unionByName(new).select(*lineitem.columns)
+
+    batch(lineitem.sample(fraction=0.05, seed=1), 1).write.mode("overwrite").parquet(paths["upsert_5pct"])
+    # 80% of the batch from one partition (ship_year 1995), 20% spread over the others
+    n = lineitem.count() * 0.05
+    hot = lineitem.where("ship_year = 1995")
+    cold = lineitem.where("ship_year != 1995")
+    skewed = hot.sample(fraction=min(1.0, 0.8 * n / hot.count()), seed=2) \
+        .unionByName(cold.sample(fraction=0.2 * n / cold.count(), seed=2))
+    batch(skewed, 2).write.mode("overwrite").parquet(paths["upsert_skewed"])
+    return paths
+
+
+def bench_metatable(spark, lineitem, batches, workdir, table_type, index, buckets):
+    root = os.path.join(workdir, f"metatable-{table_type}-{index}")
+    shutil.rmtree(root, ignore_errors=True)
+    table = mt.Table.create(root, arrow_schema_of(lineitem), KEY, ["ship_year"], table_type=table_type,
+                            index=mt.IndexConfig(type=index, num_buckets=buckets),
+                            metadata_indexes=["column_stats", "bloom_filter"] if index == "bloom" else ["column_stats"],
+                            options={"clean.inline": False, "metadata.auto_compact": True})
+    system = f"metatable-{table_type}-{index}"
+    total = lineitem.count()
+    measure(system, "bulk_load", total, lambda: table.insert(lineitem))
+    for step, path in batches.items():
+        batch = spark.read.parquet(path)
+        rows = batch.count()
+        result = measure(system, step, rows, lambda: table.upsert(batch))
+        print(json.dumps({"benchmark": "upsert", "system": system, "step": step + "_counts",
+                          "inserted": result.inserted, "updated": result.updated,
+                          "files_written": result.files_written}), flush=True)
+
+
+def bench_spark_rewrite(spark, lineitem, batches, workdir):
+    """No index: join the batch with the partitions it touches and overwrite those partitions."""
+    from pyspark.sql import functions as F
+
+    root = os.path.join(workdir, "spark-rewrite")
+    shutil.rmtree(root, ignore_errors=True)
+    spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
+    total = lineitem.count()
+    measure("spark-rewrite", "bulk_load", total,
+            lambda: lineitem.write.partitionBy("ship_year").mode("overwrite").parquet(root))
+    for step, path in batches.items():
+        def rewrite():
+            batch = spark.read.parquet(path)
+            years = [r[0] for r in batch.select("ship_year").distinct().collect()]
+            current = spark.read.parquet(root).where(F.col("ship_year").isin(years))
+            kept = current.join(batch.select(*KEY), KEY, "left_anti")
+            merged = kept.unionByName(batch.select(*current.columns))
+            out = root + ".next"
+            merged.write.partitionBy("ship_year").mode("overwrite").parquet(out)
+            # swap the rewritten partitions in
+            for year in years:
+                shutil.rmtree(os.path.join(root, f"ship_year={year}"), ignore_errors=True)
+                os.rename(os.path.join(out, f"ship_year={year}"), os.path.join(root, f"ship_year={year}"))
+            shutil.rmtree(out, ignore_errors=True)
+        measure("spark-rewrite", step, spark.read.parquet(path).count(), rewrite)
+
+
+def bench_delta(spark, lineitem, batches, workdir, source):
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable, write_deltalake
+
+    root = os.path.join(workdir, "delta")
+    shutil.rmtree(root, ignore_errors=True)
+    data = pq.read_table(source)
+    data = data.append_column("ship_year", pc.year(data["l_shipdate"]).cast("int32"))
+    data = data.cast(arrow_schema_of(lineitem))
+    measure("delta-rs", "bulk_load", data.num_rows, lambda: write_deltalake(root, data, partition_by=["ship_year"]))
+    for step, path in batches.items():
+        batch = pq.read_table(path).select(data.column_names).cast(data.schema)
+
+        def merge():
+            (DeltaTable(root).merge(source=batch, source_alias="s", target_alias="t",
+                                    predicate="t.l_orderkey = s.l_orderkey AND t.l_linenumber = s.l_linenumber")
+             .when_matched_update_all().when_not_matched_insert_all().execute())
+        measure("delta-rs", step, batch.num_rows, merge)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale-factor", type=float, default=1.0)
+    ap.add_argument("--buckets", type=int, default=8)
+    ap.add_argument("--only", default="metatable,spark,delta")
+    ap.add_argument("--indexes", default="bucket", help="metatable index types, comma separated")
+    ap.add_argument("--workdir", default="bench-data")
+    args = ap.parse_args()
+    from pyspark.sql import functions as F
+
+    source = generate_lineitem(args.workdir, args.scale_factor)
+    spark = mt.spark_session(app_name="metatable-bench", shuffle_partitions=8,
+                             **{"spark.ui.showConsoleProgress": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    lineitem = spark.read.parquet(source).withColumn("ship_year", F.year("l_shipdate"))
+    workdir = os.path.join(args.workdir, f"upsert-sf{args.scale_factor:g}")
+    os.makedirs(workdir, exist_ok=True)
+    batches = make_batches(spark, lineitem, workdir)
+    only = set(args.only.split(","))
+    if "metatable" in only:
+        for index in args.indexes.split(","):
+            for table_type in ("merge_on_read", "copy_on_write"):
+                bench_metatable(spark, lineitem, batches, workdir, table_type, index, args.buckets)
+    if "spark" in only:
+        bench_spark_rewrite(spark, lineitem, batches, workdir)
+    if "delta" in only:
+        bench_delta(spark, lineitem, batches, workdir, source)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
