@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .data_log import read_data_log
@@ -41,12 +43,22 @@ def read_slice(storage: Storage, root: str, config: TableConfig, fs: FileSlice |
     return merge_versions([base, *logs], config.ordering_field, schema)
 
 
-def slice_keys(storage: Storage, root: str, config: TableConfig, fs: FileSlice | None) -> pa.Array:
-    """The live record keys of the slice, reading only key columns and delete flags."""
-    key_schema = pa.schema([(KEY_COLUMN, pa.string())])
-    path = base_path(root, fs) if fs else None
-    base = pq.read_table(path, columns=[KEY_COLUMN]) if path else key_schema.empty_table()
-    if fs is None or not fs.logs:
-        return base[KEY_COLUMN].combine_chunks()
+def live_mask(storage: Storage, root: str, config: TableConfig, fs: FileSlice | None,
+              candidates: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Which candidate keys are live in the slice. Only the logs (small) are merged; the base's key
+    column (large) is only probed: live = live in the logs, or in the base and not deleted by the logs."""
+    n = len(candidates)
+    if fs is None:
+        return np.zeros(n, dtype=bool)
+    path = base_path(root, fs)
+    in_base = pc.is_in(candidates, value_set=pq.read_table(path, columns=[KEY_COLUMN])[KEY_COLUMN]) \
+        .to_numpy(zero_copy_only=False) if path else np.zeros(n, dtype=bool)
+    if not fs.logs:
+        return in_base
     logs = log_tables(storage, root, config, fs, [KEY_COLUMN, DELETED_COLUMN])
-    return merge_versions([base, *logs], None, key_schema)[KEY_COLUMN].combine_chunks()
+    key_schema = pa.schema([(KEY_COLUMN, pa.string())])
+    touched = pa.concat_tables(logs)[KEY_COLUMN]
+    alive = merge_versions(logs, None, key_schema)[KEY_COLUMN]
+    in_logs = pc.is_in(candidates, value_set=touched).to_numpy(zero_copy_only=False)
+    alive_in_logs = pc.is_in(candidates, value_set=alive).to_numpy(zero_copy_only=False)
+    return np.where(in_logs, alive_in_logs, in_base)

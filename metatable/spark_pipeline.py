@@ -1,9 +1,9 @@
 """The Spark side: a local session, the distributed write, and snapshot reads as DataFrames.
 
 Writes: `mapInArrow` tags each Arrow batch (key, partition path, file group),
-Spark shuffles by file group, and `groupBy(...).applyInArrow` writes each file
-group on an executor and returns one statistics row per file; only those rows
-reach the driver. Reads: base files that need no merge go to Spark's own Parquet
+Spark shuffles and sorts by file group, and a second `mapInArrow` writes each
+file group on an executor as its rows stream past, returning one statistics row
+per file; only those rows reach the driver. Reads: base files that need no merge go to Spark's own Parquet
 reader; file slices with logs are merged by `mapInArrow` tasks, one slice at a time.
 """
 from __future__ import annotations
@@ -21,7 +21,8 @@ from .file_slice import FileSlice
 from .slice_reader import base_path, read_slice
 from .storage import LocalStorage
 from .table_config import TableConfig
-from .write_path import FILE_ID_COLUMN, PARTITION_COLUMN, STATS_SCHEMA, WriteTask, conform, tag, write_file_group
+from .write_path import (FILE_ID_COLUMN, PARTITION_COLUMN, STATS_SCHEMA, WriteTask, conform, tag,
+                         write_sorted_batches)
 
 
 def spark_session(master: str = "local[2]", app_name: str = "metatable", shuffle_partitions: int = 4,
@@ -63,25 +64,20 @@ def _tag_batches(config: TableConfig, operation: str, batches: Iterator[pa.Recor
         yield from tag(config, operation, pa.Table.from_batches([batch])).to_batches()
 
 
-def _group_writer(task: WriteTask):
-    """A plain annotated function: PySpark infers applyInArrow's calling convention from its type hints."""
-    def write(table: pa.Table) -> pa.Table:
-        return write_file_group(task, table)
-    return write
-
-
 def write_dataframe(task: WriteTask, df) -> pa.Table:
     """Run the write on Spark; returns the statistics of every file written."""
     config, operation = task.config, task.operation
     # schema problems surface here, on the driver, before any job runs
     tagged_schema = tag(config, operation, arrow_schema_of(df).empty_table()).schema
     df = df.select(*tagged_schema.names[:-3])
-    partitions = config.options["write.shuffle_partitions"]
+    partitions = config.options["write.shuffle_partitions"] or \
+        int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
     tagged = df.mapInArrow(partial(_tag_batches, config, operation), to_spark_schema(tagged_schema))
-    if partitions:
-        tagged = tagged.repartition(partitions, PARTITION_COLUMN, FILE_ID_COLUMN)
-    stats = tagged.groupBy(PARTITION_COLUMN, FILE_ID_COLUMN).applyInArrow(_group_writer(task),
-                                                                         to_spark_schema(STATS_SCHEMA))
+    # measured: repartition + sort + mapInArrow is ~2 s faster than groupBy().applyInArrow at SF 1,
+    # and streaming sorted batches holds one file group's rows at a time
+    grouped = tagged.repartition(partitions, PARTITION_COLUMN, FILE_ID_COLUMN) \
+        .sortWithinPartitions(PARTITION_COLUMN, FILE_ID_COLUMN)
+    stats = grouped.mapInArrow(partial(write_sorted_batches, task), to_spark_schema(STATS_SCHEMA))
     try:
         return stats.toArrow()
     except Exception as e:  # Spark wraps executor errors; bring ours back by name

@@ -27,7 +27,7 @@ from .file_slice import FileSlice
 from .log_file import LogFile
 from .markers import mark
 from .record_merge import dedupe_batch, merge_versions
-from .slice_reader import partition_dir, read_slice, slice_keys
+from .slice_reader import live_mask, partition_dir, read_slice
 from .storage import LocalStorage, Storage
 from .table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
 
@@ -140,11 +140,13 @@ class FileGroupWriter:
         deleting = op == "delete"
         incoming = dedupe_batch(rows.drop_columns([PARTITION_COLUMN, FILE_ID_COLUMN]),
                                 None if deleting else config.ordering_field, deleted=deleting)
-        cow_current = None if config.merge_on_read else read_slice(self.storage, self.task.root, config, self.slice)
-        present = cow_current[KEY_COLUMN] if cow_current is not None else \
-            slice_keys(self.storage, self.task.root, config, self.slice)
-        is_present = pc.is_in(incoming[KEY_COLUMN], value_set=present).to_numpy(zero_copy_only=False) \
-            if len(present) else np.zeros(incoming.num_rows, dtype=bool)
+        if config.merge_on_read:
+            cow_current = None
+            is_present = live_mask(self.storage, self.task.root, config, self.slice, incoming[KEY_COLUMN])
+        else:
+            cow_current = read_slice(self.storage, self.task.root, config, self.slice)
+            is_present = pc.is_in(incoming[KEY_COLUMN], value_set=cow_current[KEY_COLUMN]) \
+                .to_numpy(zero_copy_only=False)
         n_present = int(is_present.sum())
         counts = {"inserted": 0, "updated": 0, "deleted": 0, "skipped": 0}
         if op == "upsert":
@@ -215,19 +217,35 @@ def write_file_group(task: WriteTask, rows: pa.Table) -> pa.Table:
     return pa.Table.from_pylist(FileGroupWriter(task, partition, file_id).write(rows), schema=STATS_SCHEMA)
 
 
-def split_by_file_group(tagged: pa.Table) -> Iterator[pa.Table]:
-    """The rows of each file group, one table at a time."""
+def split_by_file_group(tagged: pa.Table, presorted: bool = False) -> Iterator[pa.Table]:
+    """The rows of each file group, one table at a time (runs of equal file groups if `presorted`)."""
     if tagged.num_rows == 0:
         return
-    order = pc.sort_indices(tagged, sort_keys=[(PARTITION_COLUMN, "ascending"), (FILE_ID_COLUMN, "ascending")])
-    ordered = tagged.take(order)
-    group = pc.binary_join_element_wise(ordered[PARTITION_COLUMN], ordered[FILE_ID_COLUMN], "\x00")
-    group = group.combine_chunks()
+    if not presorted:
+        order = pc.sort_indices(tagged, sort_keys=[(PARTITION_COLUMN, "ascending"), (FILE_ID_COLUMN, "ascending")])
+        tagged = tagged.take(order)
+    group = pc.binary_join_element_wise(tagged[PARTITION_COLUMN], tagged[FILE_ID_COLUMN], "\x00").combine_chunks()
     starts = np.flatnonzero(np.r_[True, pc.not_equal(group.slice(1), group.slice(0, len(group) - 1))
                                   .to_numpy(zero_copy_only=False)])
     bounds = list(starts) + [len(group)]
     for start, end in zip(bounds[:-1], bounds[1:]):
-        yield ordered.slice(start, end - start)
+        yield tagged.slice(start, end - start)
+
+
+def write_sorted_batches(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Write a stream of tagged batches sorted by file group, holding one file group's rows at a time."""
+    pending: list[pa.Table] = []
+    current = None
+    for batch in batches:
+        for run in split_by_file_group(pa.Table.from_batches([batch]), presorted=True):
+            key = (run[PARTITION_COLUMN][0].as_py(), run[FILE_ID_COLUMN][0].as_py())
+            if key != current and pending:
+                yield from write_file_group(task, pa.concat_tables(pending)).to_batches()
+                pending = []
+            current = key
+            pending.append(run)
+    if pending:
+        yield from write_file_group(task, pa.concat_tables(pending)).to_batches()
 
 
 def write_local(task: WriteTask, data: pa.Table) -> pa.Table:

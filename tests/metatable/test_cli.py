@@ -1,0 +1,74 @@
+"""The `metatable` command, end to end."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from metatable.cli import main
+
+
+def run(capsys, *args) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "in.csv").write_text("id,p,v,ts\n1,a,x,1\n2,a,y,1\n3,b,z,1\n")
+    (tmp_path / "up.json").write_text('{"id": 1, "p": "a", "v": "X", "ts": 2}\n{"id": 4, "p": "b", "v": "new", "ts": 1}\n')
+    (tmp_path / "del.csv").write_text("id,p\n2,a\n")
+    return tmp_path
+
+
+def test_table_session(capsys, files):
+    t = str(files / "t")
+    code, out, _ = run(capsys, "create", t, "--schema-from", str(files / "in.csv"), "--key", "id",
+                       "--partition-by", "p", "--ordering", "ts", "--buckets", "2")
+    assert code == 0 and "created merge_on_read table" in out
+    assert run(capsys, "upsert", t, str(files / "in.csv"))[1].startswith("upsert")
+    code, out, _ = run(capsys, "upsert", t, str(files / "up.json"))
+    assert "1 inserted, 1 updated" in out
+    code, out, _ = run(capsys, "delete", t, str(files / "del.csv"))
+    assert "1 deleted" in out
+    code, out, err = run(capsys, "read", t, "--output", "json", "--limit", "0")
+    rows = sorted((json.loads(line) for line in out.splitlines()), key=lambda r: r["id"])
+    assert [(r["id"], r["v"]) for r in rows] == [(1, "X"), (3, "z"), (4, "new")]
+    assert "(3 rows)" in err
+    code, out, _ = run(capsys, "read", t, "--output", "csv")
+    assert out.splitlines()[0] == '"id","p","v","ts"'
+    code, out, _ = run(capsys, "stats", t)
+    assert "pending logs" in out and "p=a" in out
+    assert "compacted at" in run(capsys, "compact", t)[1]
+    assert run(capsys, "rollback", t)[1] == "no failed writes to roll back\n"
+    code, out, _ = run(capsys, "timeline", t)
+    assert out.count("deltacommit") == 3 and "compaction" in out
+    code, out, _ = run(capsys, "metadata", "scan", t, "files")
+    assert "p=a" in out and "__all_partitions__" in out
+    code, out, _ = run(capsys, "metadata", "get", t, "files", "p=b")
+    assert ".parquet" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["read", "{root}/missing"], "no metatable table"),
+    (["upsert", "{root}/t", "{root}/nothere.csv"], "does not exist"),
+    (["create", "{root}/x", "--schema", "id:int64,v:wat", "--key", "id"], "unknown type 'wat'"),
+    (["create", "{root}/x", "--schema", "id:int64", "--key", "id", "--option", "nope=1"], "unknown option 'nope'"),
+    (["metadata", "get", "{root}/t", "record_index", "k"], "unknown metadata partition"),
+    (["rollback", "{root}/t", "--instant", "123"], "bad instant time"),
+])
+def test_errors_are_clear(capsys, files, args, message):
+    run(capsys, "create", str(files / "t"), "--schema-from", str(files / "in.csv"), "--key", "id")
+    code, out, err = run(capsys, *[a.format(root=files) for a in args])
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_console_script(files):
+    exe = os.path.join(os.path.dirname(sys.executable), "metatable")
+    result = subprocess.run([exe, "metadata", "create", str(files / "m"), "--partitions", "files"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and "created metadata table" in result.stdout
