@@ -1,7 +1,7 @@
 """The Spark side: a local session, the distributed write, and snapshot reads as DataFrames.
 
-Writes: `mapInArrow` tags each Arrow batch (key, partition path, file group),
-Spark shuffles and sorts by file group, and a second `mapInArrow` writes each
+Writes: an Arrow UDF tags each row (key, partition path, file group) from its
+key and partition columns, Spark shuffles and sorts by file group, and a second `mapInArrow` writes each
 file group on an executor as its rows stream past, returning one statistics row
 per file; only those rows reach the driver. Reads: base files that need no merge go to Spark's own Parquet
 reader; file slices with logs are merged by `mapInArrow` tasks, one slice at a time.
@@ -21,7 +21,8 @@ from .file_slice import FileSlice
 from .slice_reader import base_path, read_slice
 from .storage import LocalStorage
 from .table_config import TableConfig
-from .write_path import (FILE_ID_COLUMN, PARTITION_COLUMN, STATS_SCHEMA, WriteTask, conform, tag,
+from .table_config import KEY_COLUMN
+from .write_path import (FILE_ID_COLUMN, PARTITION_COLUMN, STATS_SCHEMA, WriteTask, conform, tag_columns, tag_inputs,
                          write_sorted_batches)
 
 
@@ -59,20 +60,36 @@ def arrow_schema_of(df) -> pa.Schema:
     return to_arrow_schema(df.schema)
 
 
-def _tag_batches(config: TableConfig, operation: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    for batch in batches:
-        yield from tag(config, operation, pa.Table.from_batches([batch])).to_batches()
+def _tag_udf(config: TableConfig):
+    """An Arrow UDF over only the key and partition columns, returning (key, partition, file id): the wide
+    rows stay in the JVM until the write stage (measured: ~2x faster than tagging whole rows in Python)."""
+    from pyspark.sql.functions import ArrowUDFType, arrow_udf
+
+    names = tag_inputs(config)
+
+    def tag_struct(*arrays: pa.Array) -> pa.Array:
+        keys, partitions, ids = tag_columns(config, pa.table(list(arrays), names=names))
+        return pa.StructArray.from_arrays([keys.combine_chunks(), partitions.combine_chunks(), ids],
+                                          names=[KEY_COLUMN, PARTITION_COLUMN, FILE_ID_COLUMN])
+
+    returns = f"struct<{KEY_COLUMN}: string, {PARTITION_COLUMN}: string, {FILE_ID_COLUMN}: string>"
+    return arrow_udf(tag_struct, returns, ArrowUDFType.SCALAR).asNondeterministic(), names
 
 
 def write_dataframe(task: WriteTask, df) -> pa.Table:
     """Run the write on Spark; returns the statistics of every file written."""
+    from pyspark.sql import functions as F
+
     config, operation = task.config, task.operation
     # schema problems surface here, on the driver, before any job runs
-    tagged_schema = tag(config, operation, arrow_schema_of(df).empty_table()).schema
-    df = df.select(*tagged_schema.names[:-3])
+    conformed = conform(arrow_schema_of(df).empty_table(), config, operation).schema
+    columns = [F.col(f.name).cast(t.dataType).alias(f.name)
+               for f, t in zip(conformed, to_spark_schema(conformed).fields)]
+    udf, inputs = _tag_udf(config)
+    tagged = df.select(*columns, udf(*[F.col(c) for c in inputs]).alias("_mt_tag")) \
+        .select(*conformed.names, f"_mt_tag.{KEY_COLUMN}", f"_mt_tag.{PARTITION_COLUMN}", f"_mt_tag.{FILE_ID_COLUMN}")
     partitions = config.options["write.shuffle_partitions"] or \
         int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
-    tagged = df.mapInArrow(partial(_tag_batches, config, operation), to_spark_schema(tagged_schema))
     # measured: repartition + sort + mapInArrow is ~2 s faster than groupBy().applyInArrow at SF 1,
     # and streaming sorted batches holds one file group's rows at a time
     grouped = tagged.repartition(partitions, PARTITION_COLUMN, FILE_ID_COLUMN) \
@@ -124,4 +141,3 @@ def read_dataframe(spark, root: str, config: TableConfig, slices: Sequence[FileS
     return result
 
 
-__all__ = ["spark_session", "write_dataframe", "read_dataframe", "is_dataframe", "conform"]

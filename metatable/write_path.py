@@ -27,7 +27,7 @@ from .file_slice import FileSlice
 from .log_file import LogFile
 from .markers import mark
 from .record_merge import dedupe_batch, merge_versions
-from .slice_reader import live_mask, partition_dir, read_slice
+from .slice_reader import live_mask, members, partition_dir, read_slice
 from .storage import LocalStorage, Storage
 from .table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
 
@@ -106,13 +106,24 @@ def castable(source: pa.DataType, target: pa.DataType) -> bool:
         (any(f(source) for f in binaries) and any(f(target) for f in binaries))
 
 
-def tag(config: TableConfig, operation: str, batch: pa.Table) -> pa.Table:
-    """The conformed batch plus its record key, partition path and file id."""
-    table = conform(batch, config, operation)
+def tag_inputs(config: TableConfig) -> list[str]:
+    """The columns that decide a row's record key, partition path and file group."""
+    return list(dict.fromkeys([*config.record_key, *config.partition_by]))
+
+
+def tag_columns(config: TableConfig, table: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray, pa.Array]:
+    """Record key, partition path and file id of every row (null or empty keys are errors)."""
     keys = record_keys(table, config.record_key)
     partitions = partition_paths(table, config.partition_by)
     n = config.index.num_buckets
     ids = pa.array([bucket_file_id(b) for b in range(n)]).take(pa.array(bucket_ids(keys, n)))
+    return keys, partitions, ids
+
+
+def tag(config: TableConfig, operation: str, batch: pa.Table) -> pa.Table:
+    """The conformed batch plus its record key, partition path and file id."""
+    table = conform(batch, config, operation)
+    keys, partitions, ids = tag_columns(config, table)
     return table.append_column(KEY_COLUMN, keys).append_column(PARTITION_COLUMN, partitions) \
         .append_column(FILE_ID_COLUMN, ids)
 
@@ -145,8 +156,7 @@ class FileGroupWriter:
             is_present = live_mask(self.storage, self.task.root, config, self.slice, incoming[KEY_COLUMN])
         else:
             cow_current = read_slice(self.storage, self.task.root, config, self.slice)
-            is_present = pc.is_in(incoming[KEY_COLUMN], value_set=cow_current[KEY_COLUMN]) \
-                .to_numpy(zero_copy_only=False)
+            is_present = members(incoming[KEY_COLUMN], cow_current[KEY_COLUMN])
         n_present = int(is_present.sum())
         counts = {"inserted": 0, "updated": 0, "deleted": 0, "skipped": 0}
         if op == "upsert":
