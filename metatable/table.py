@@ -19,8 +19,9 @@ from typing import Any, Iterable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from indexes.column_stats import file_column_stats, stats_columns, tombstones
-from indexes.keys import ALL_PARTITIONS_KEY
+from indexes.bloom import FILTER_TYPE
+from indexes.column_stats import stats_columns, tombstones
+from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key
 
 from . import markers
 from .base_file import BaseFile, new_write_token
@@ -37,7 +38,7 @@ from .spark_pipeline import arrow_schema_of, is_dataframe, read_dataframe, write
 from .storage import LocalStorage, Storage
 from .table_config import IndexConfig, TableConfig, as_tuple, normalize_schema
 from .timeline import META_DIR, Timeline
-from .write_path import PARQUET, WriteTask, tag, write_local
+from .write_path import PARQUET, WriteTask, base_file_indexes, tag, write_local
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class Table:
         touched = sorted({f"{r['partition']}/{r['file_id']}" for r in written})
         logged = {f"{r['partition']}/{r['file_id']}" for r in written if r["kind"] == "log"}
         counts = {k: sum(r[k] for r in rows) for k in ("inserted", "updated", "deleted", "skipped")}
-        records = self._metadata_records(written)
+        records = self._metadata_records(written, instant.time)
         with self._timeline.lock.held():
             self._check_conflicts(instant, set(touched), logged, seen)
             self.metadata.begin(instant.time)
@@ -180,18 +181,25 @@ class Table:
         markers.clear(self.storage, self.path, instant.time)
         return WriteResult(instant.time, operation, files_written=len(written), **counts)
 
-    def _metadata_records(self, written: list[dict]) -> dict[str, dict[str, Any]]:
+    def _metadata_records(self, written: list[dict], instant: str) -> dict[str, dict[str, Any]]:
         by_partition: dict[str, dict[str, int]] = {}
         stats: dict[str, Any] = {}
+        blooms: dict[str, Any] = {}
         for r in written:
             by_partition.setdefault(r["partition"], {})[r["file_name"]] = r["size"]
-            if r["column_stats"]:
+            if r.get("column_stats"):
                 stats.update(pickle.loads(r["column_stats"]))
+            if r.get("bloom_filter"):
+                blooms[bloom_filter_key(r["partition"], r["file_name"])] = {
+                    "file_name": r["file_name"], "filter_type": FILTER_TYPE, "instant": instant,
+                    "bloom_filter": r["bloom_filter"], "is_deleted": False}
         records: dict[str, dict[str, Any]] = {"files": {p: _files_record(f) for p, f in by_partition.items()}}
         if by_partition:
             records["files"][ALL_PARTITIONS_KEY] = _files_record({p: 0 for p in by_partition})
-        if stats and "column_stats" in self.config.metadata_indexes:
+        if stats:
             records["column_stats"] = stats
+        if blooms:
+            records["bloom_filter"] = blooms
         return records
 
     def _check_conflicts(self, instant: Instant, touched: set[str], logged: set[str], seen: set[str]) -> None:
@@ -343,6 +351,18 @@ class Table:
         spark = spark or SparkSession.getActiveSession() or spark_session()
         return read_dataframe(spark, self.path, self.config, list(self.file_slices(as_of).values()), read_optimized)
 
+    def lookup(self, keys: Any, explain: bool = False, using: str = "index") -> Any:
+        """Where each key lives: a pyarrow Table (key, partition, file_id; nulls when absent). `keys` has the
+        record key columns, and optionally the partition columns (without them every partition is searched).
+        `using="metadata"` takes the three-level path (column_stats ranges, bloom filters, file check)
+        whatever the write index. With `explain`, returns (result, per-level counts)."""
+        from .table_lookup import keys_table, locate
+
+        if using not in ("index", "metadata"):
+            raise InvalidInputError(f"lookup using must be 'index' or 'metadata', got {using!r}")
+        result, report = locate(self, keys_table(keys), by_metadata=using == "metadata")
+        return (result, report.as_dict()) if explain else result
+
     # -- table services -------------------------------------------------------------------------------
     def compact(self) -> str | None:
         """Merge-on-read: rewrite every file group that has logs as a new base file. Returns the instant."""
@@ -370,7 +390,7 @@ class Table:
             crash_point("table.compaction.files")
             with self._timeline.lock.held():
                 self.metadata.begin(instant.time)
-                self.metadata.write(instant.time, self._metadata_records(written))
+                self.metadata.write(instant.time, self._metadata_records(written, instant.time))
                 self.metadata.complete(instant.time)
                 self._timeline.complete(instant, {"file_groups": sorted(plan["file_groups"])})
         markers.clear(self.storage, self.path, instant.time)
@@ -394,11 +414,8 @@ class Table:
         pq.write_table(rows, staged, compression=None if compression == "none" else compression,
                        metadata_collector=collected)
         self.storage.publish(staged, path)
-        stats = None
-        if "column_stats" in self.config.metadata_indexes:
-            stats = pickle.dumps(file_column_stats(rows, stats_columns(self.config), partition, name, collected[0]))
         return {"partition": partition, "file_id": file_id, "file_name": name, "kind": "base",
-                "size": self.storage.size(path), "column_stats": stats}
+                "size": self.storage.size(path), **base_file_indexes(self.config, rows, partition, name, collected[0])}
 
     def clean(self) -> str | None:
         """Delete file slices that none of the last `clean.retain_commits` completed instants can read."""
@@ -425,15 +442,17 @@ class Table:
                 return None
             instant = self._timeline.request(Action.CLEAN, plan={"delete": doomed}, others=[self.metadata.timeline])
             instant = self._timeline.start(instant)
-            records: dict[str, dict[str, Any]] = {"files": {}, "column_stats": {}}
+            records: dict[str, dict[str, Any]] = {"files": {}, "column_stats": {}, "bloom_filter": {}}
             columns = stats_columns(self.config)
             for partition, names in doomed.items():
                 records["files"][partition] = _files_record({n: 0 for n in names}, deleted=True)
                 for name in names:
                     if name.endswith("." + PARQUET):
                         records["column_stats"].update(tombstones(columns, partition, name))
-            if "column_stats" not in self.config.metadata_indexes:
-                del records["column_stats"]
+                        records["bloom_filter"][bloom_filter_key(partition, name)] = None
+            for index in ("column_stats", "bloom_filter"):
+                if index not in self.config.metadata_indexes:
+                    del records[index]
             self.metadata.begin(instant.time)
             self.metadata.write(instant.time, records)
             self.metadata.complete(instant.time)

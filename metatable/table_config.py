@@ -38,6 +38,10 @@ class IndexConfig:
             raise ConfigError(f"bucket index engine must be 'simple' or 'consistent_hashing', got {self.engine!r}")
         if not isinstance(self.num_buckets, int) or self.num_buckets < 1:
             raise ConfigError(f"num_buckets must be a positive integer, got {self.num_buckets!r}")
+        if self.type == "bloom" or self.engine == "consistent_hashing":
+            raise ConfigError(f"writes through the {self.type if self.type == 'bloom' else self.engine} index are "
+                              "not available yet; use type='bucket', engine='simple' (with metadata_indexes "
+                              "['bloom_filter', 'column_stats'], lookup(using='metadata') runs the bloom lookup)")
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "engine": self.engine, "num_buckets": self.num_buckets}

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from indexes.arrow_keys import bucket_ids, partition_paths, record_keys
+from indexes.bloom import BloomFilter
 from indexes.column_stats import file_column_stats, stats_columns
 
 from .base_file import BaseFile, new_write_token
@@ -39,7 +40,7 @@ OPERATIONS = ("upsert", "insert", "delete")
 STATS_SCHEMA = pa.schema([
     ("partition", pa.string()), ("file_id", pa.string()), ("file_name", pa.string()), ("kind", pa.string()),
     ("size", pa.int64()), ("rows", pa.int64()), ("inserted", pa.int64()), ("updated", pa.int64()),
-    ("deleted", pa.int64()), ("skipped", pa.int64()), ("column_stats", pa.binary()),
+    ("deleted", pa.int64()), ("skipped", pa.int64()), ("column_stats", pa.binary()), ("bloom_filter", pa.binary()),
 ])
 
 
@@ -129,9 +130,22 @@ def tag(config: TableConfig, operation: str, batch: pa.Table) -> pa.Table:
 
 
 def _stats_row(partition: str, file_id: str, file_name: str | None, kind: str | None, size: int, rows: int,
-               counts: dict[str, int], column_stats: dict | None = None) -> dict:
+               counts: dict[str, int], indexes: dict[str, bytes | None] | None = None) -> dict:
     return {"partition": partition, "file_id": file_id, "file_name": file_name, "kind": kind, "size": size,
-            "rows": rows, **counts, "column_stats": pickle.dumps(column_stats) if column_stats else None}
+            "rows": rows, **counts, **(indexes or {"column_stats": None, "bloom_filter": None})}
+
+
+def base_file_indexes(config: TableConfig, rows: pa.Table, partition: str, file_name: str,
+                      metadata: pq.FileMetaData | None) -> dict[str, bytes | None]:
+    """What the metadata table indexes for a new base file: its column stats (pickled records) and its
+    record-key bloom filter (serialized), each only when that metadata partition is enabled."""
+    stats = bloom = None
+    if "column_stats" in config.metadata_indexes:
+        stats = pickle.dumps(file_column_stats(rows, stats_columns(config), partition, file_name, metadata))
+    if "bloom_filter" in config.metadata_indexes:
+        keys = rows[KEY_COLUMN].to_pylist()
+        bloom = BloomFilter.build(keys, config.options["index.bloom.fpp"]).to_bytes()
+    return {"column_stats": stats, "bloom_filter": bloom}
 
 
 class FileGroupWriter:
@@ -193,12 +207,9 @@ class FileGroupWriter:
         pq.write_table(rows, self.storage.local_path(staged), compression=None if compression == "none" else compression,
                        metadata_collector=collected)
         self.storage.publish(staged, path)
-        stats = None
-        if "column_stats" in self.config.metadata_indexes:
-            stats = file_column_stats(rows, stats_columns(self.config), self.partition, name,
-                                      collected[0] if collected else None)
+        indexes = base_file_indexes(self.config, rows, self.partition, name, collected[0] if collected else None)
         return _stats_row(self.partition, self.file_id, name, "base", self.storage.size(path), rows.num_rows,
-                          counts, stats)
+                          counts, indexes)
 
     def _write_log(self, rows: pa.Table, counts: dict[str, int]) -> dict:
         key = (self.partition, self.file_id)

@@ -1,0 +1,87 @@
+"""Bloom filters over record keys, our own format.
+
+Each key is hashed once with murmur3 x64-128 (mmh3.hash64: two 64-bit halves h1,
+h2); its k bit positions are (h1 + i*h2) mod m (Kirsch-Mitzenmacher double
+hashing), computed for a whole batch with numpy. Sized from the file's actual
+key count n and a target false-positive rate p: m = ceil(-n ln p / ln(2)^2) bits,
+k = round(m/n ln 2).
+
+Serialized as a 24-byte header (magic, version, k, m, n) followed by the bit array
+packed little-endian (bit j is byte j//8, bit j%8).
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import mmh3
+import numpy as np
+
+from metatable.errors import CorruptFileError
+
+FILTER_TYPE = "mmh3-double-hashing-v1"
+_HEADER = struct.Struct("<4sBBHQQ")  # magic, version, reserved, k, m, n
+_MAGIC = b"MTBF"
+
+
+def key_hashes(keys: Iterable[str]) -> np.ndarray:
+    """(n, 2) uint64: both halves of murmur3 x64-128 of every key, one call per key."""
+    h = mmh3.hash64
+    flat = [x for k in keys for x in h(k, signed=False)]
+    return np.array(flat, dtype=np.uint64).reshape(-1, 2)
+
+
+def optimal_size(n: int, fpp: float) -> tuple[int, int]:
+    """(bits, hashes) for n keys at false-positive rate fpp."""
+    n = max(n, 1)
+    m = max(64, math.ceil(-n * math.log(fpp) / (math.log(2) ** 2)))
+    k = max(1, round(m / n * math.log(2)))
+    return m, k
+
+
+@dataclass(frozen=True)
+class BloomFilter:
+    num_bits: int
+    num_hashes: int
+    num_keys: int
+    bits: bytes  # packed, little-endian bit order
+
+    @classmethod
+    def build(cls, keys: Sequence[str], fpp: float) -> BloomFilter:
+        m, k = optimal_size(len(keys), fpp)
+        array = np.zeros((m + 7) // 8, dtype=np.uint8)
+        if len(keys):
+            positions = cls._positions(key_hashes(keys), m, k).ravel()
+            np.bitwise_or.at(array, positions >> 3, (1 << (positions & 7)).astype(np.uint8))
+        return cls(m, k, len(keys), array.tobytes())
+
+    @staticmethod
+    def _positions(hashes: np.ndarray, m: int, k: int) -> np.ndarray:
+        i = np.arange(k, dtype=np.uint64)
+        with np.errstate(over="ignore"):  # arithmetic mod 2^64 is part of the scheme
+            return (hashes[:, :1] + i[None, :] * hashes[:, 1:2]) % np.uint64(m)
+
+    def might_contain(self, keys: Sequence[str] | None = None, hashes: np.ndarray | None = None) -> np.ndarray:
+        """A bool per key: False means certainly absent. Pass `hashes` to reuse one hashing across filters."""
+        if hashes is None:
+            hashes = key_hashes(keys or [])
+        if len(hashes) == 0:
+            return np.zeros(0, dtype=bool)
+        bits = np.frombuffer(self.bits, dtype=np.uint8)
+        positions = self._positions(hashes, self.num_bits, self.num_hashes)
+        hit = (bits[positions >> 3] >> (positions & 7).astype(np.uint8)) & 1
+        return hit.all(axis=1)
+
+    def to_bytes(self) -> bytes:
+        return _HEADER.pack(_MAGIC, 1, 0, self.num_hashes, self.num_bits, self.num_keys) + self.bits
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str = "bloom filter") -> BloomFilter:
+        if len(data) < _HEADER.size:
+            raise CorruptFileError(source, "bloom filter shorter than its header")
+        magic, version, _, k, m, n = _HEADER.unpack_from(data)
+        if magic != _MAGIC or version != 1 or len(data) - _HEADER.size != (m + 7) // 8:
+            raise CorruptFileError(source, f"not a {FILTER_TYPE} bloom filter")
+        return cls(m, k, n, data[_HEADER.size:])

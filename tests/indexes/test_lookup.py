@@ -1,0 +1,58 @@
+import pyarrow as pa
+from hypothesis import given, strategies as st
+
+from indexes.bloom import BloomFilter
+from indexes.lookup import CandidateFile, lookup, range_candidates
+from metatable.slice_reader import members
+
+FILES = [CandidateFile("f1"), CandidateFile("f2", "000", "000"), CandidateFile("f3", "001", "003"),
+         CandidateFile("f4", "002", "007"), CandidateFile("f5", "009", "010")]
+
+
+def test_range_pruning_example():
+    keys = ["002", "003", "004", "005"]
+    k, f, unranged = range_candidates(keys, FILES)
+    got = {key: set() for key in keys}
+    for ki, fi in zip(k, f):
+        got[keys[ki]].add(FILES[fi].name)
+    assert got == {"002": {"f1", "f3", "f4"}, "003": {"f1", "f3", "f4"}, "004": {"f1", "f4"}, "005": {"f1", "f4"}}
+    assert unranged == 1
+
+
+@given(st.lists(st.lists(st.integers(0, 200), min_size=1, max_size=30), min_size=1, max_size=6),
+       st.lists(st.integers(0, 250), min_size=1, max_size=40), st.booleans())
+def test_lookup_equals_ground_truth(contents, probes, with_blooms):
+    """Files hold disjoint keys; a lookup finds exactly the file that holds each key."""
+    owner, files, data = {}, [], {}
+    for i, ints in enumerate(contents):
+        keys = sorted({f"{x:04d}" for x in ints} - set(owner))
+        if not keys:
+            continue
+        name = f"file{i}"
+        owner.update({k: name for k in keys})
+        data[name] = pa.array(keys)
+        files.append(CandidateFile(name, keys[0], keys[-1]))
+    blooms = {i: BloomFilter.build(data[f.name].to_pylist(), 0.01) if with_blooms else None
+              for i, f in enumerate(files)}
+    probe_keys = [f"{x:04d}" for x in probes]
+    result = lookup(probe_keys, files, lambda wanted: {i: blooms[i] for i in wanted}, verifier(files, data, probe_keys))
+    assert {probe_keys[k]: files[f].name for k, f in result.file_of.items()} == \
+        {k: owner[k] for k in probe_keys if k in owner}
+    levels = result.levels
+    assert levels[0].pairs_out >= levels[1].pairs_out >= levels[2].pairs_out
+
+
+def verifier(files, data, keys):
+    def verify(file_index, key_indexes):
+        return members(pa.array([keys[i] for i in key_indexes], pa.string()), data[files[file_index].name])
+    return verify
+
+
+def test_a_lying_bloom_filter_never_makes_lookup_return_an_absent_key():
+    # a filter that claims everything (all bits set) still cannot put an absent key in the result
+    everything = BloomFilter(64, 3, 1, b"\xff" * 8)
+    files = [CandidateFile("a", "000", "999")]
+    keys = ["001", "500"]
+    result = lookup(keys, files, lambda wanted: {0: everything}, verifier(files, {"a": pa.array(["001"])}, keys))
+    assert result.file_of == {0: 0}
+    assert result.levels[1].keys_out == 2 and result.levels[2].keys_out == 1
