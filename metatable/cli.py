@@ -244,6 +244,27 @@ def cmd_stats(args: argparse.Namespace) -> None:
           f"{sum(r['base_bytes'] + r['log_bytes'] for r in rows) / 2**20:.1f} MiB")
 
 
+def cmd_lookup(args: argparse.Namespace) -> None:
+    table = Table.open(args.path)
+    fields = list(table.config.record_key)
+    columns: dict[str, list[Any]] = {f: [] for f in fields}
+    for key in args.keys:
+        parts = key.split(",") if len(fields) > 1 else [key]
+        if len(parts) != len(fields):
+            raise InvalidInputError(f"key {key!r} needs {len(fields)} comma-separated values ({', '.join(fields)})")
+        for name, value in zip(fields, parts):
+            columns[name].append(value.split(":", 1)[1] if value.startswith(name + ":") else value)
+    schema = table.config.schema
+    data = pa.table({f: pa.array(v).cast(schema.field(f).type) for f, v in columns.items()})
+    result, report = table.lookup(data, explain=True, using=args.using)
+    print_rows(result, "table")
+    if args.explain:
+        print(f"\nindex: {report['index']}")
+        print_rows(pa.Table.from_pylist(report["levels"]), "table")
+        if report["log_candidates"]:
+            print(f"keys checked in merge-on-read logs: {report['log_candidates']}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="metatable", description="Keyed tables indexed by a metadata table.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and details")
@@ -295,6 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stats", help="per partition and bucket: file groups, rows, bytes, pending logs")
     p.add_argument("path")
     p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("lookup", help="where keys live (record key values; several fields: v1,v2 in key order)")
+    p.add_argument("path")
+    p.add_argument("keys", nargs="+")
+    p.add_argument("--explain", action="store_true", help="per-level candidate counts")
+    p.add_argument("--using", default="index", choices=["index", "metadata"],
+                   help="the table's write index, or the three-level metadata lookup")
+    p.set_defaults(func=cmd_lookup)
 
     p = sub.add_parser("demo", help="the main job: a metatable session on local files")
     p.add_argument("--workdir", default="demo-data")

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from indexes.bloom import FILTER_TYPE
 from indexes.column_stats import stats_columns, tombstones
-from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key
+from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key, column_stats_key
 
 from . import markers
 from .base_file import BaseFile, new_write_token
@@ -33,6 +33,7 @@ from .file_slice import FileSlice, latest_slice, parse_names
 from .instant import Action, Instant, State
 from .lock import TableLock
 from .metadata_table import MetadataTable
+from .scan_filter import Conjunct, may_match, row_mask, spark_condition, validate
 from .slice_reader import partition_dir, read_slice
 from .spark_pipeline import arrow_schema_of, is_dataframe, read_dataframe, write_dataframe
 from .storage import LocalStorage, Storage
@@ -79,6 +80,7 @@ class Table:
         if not self.storage.exists(config_path):
             raise TableNotFoundError(f"no metatable table at {path} (missing {config_path}); use Table.create")
         self.config = TableConfig.from_json(self.storage.read(config_path).decode(), options)
+        self.last_scan: dict[str, int] = {}
         opts = self.config.options
         lock = TableLock(os.path.join(self.path, META_DIR, "lock"), opts["lock.timeout_s"])
         self._timeline = Timeline(self.storage, self.path, lock, opts["heartbeat.interval_s"],
@@ -335,21 +337,53 @@ class Table:
         return out
 
     # -- reads --------------------------------------------------------------------------------------
-    def to_arrow(self, as_of: str | None = None, read_optimized: bool = False) -> pa.Table:
-        """The snapshot as a pyarrow Table, without Spark."""
+    def scan_plan(self, as_of: str | None = None, filter: Sequence[Conjunct] | None = None) -> list[FileSlice]:
+        """The file slices a read needs: all of them, less those whose column stats rule the filter out.
+        How many were skipped is logged and kept in `last_scan`."""
+        filters = validate(filter, self.config.schema)
+        slices = list(self.file_slices(as_of).values())
+        kept = slices
+        if filters and "column_stats" in self.config.metadata_indexes:
+            wanted = [column_stats_key(c, fs.partition, fs.base.file_name)
+                      for fs in slices if fs.base and not fs.logs for c, _, _ in filters]
+            stats = self.metadata.get_many("column_stats", wanted)
+
+            def possible(fs: FileSlice) -> bool:
+                if not fs.base or fs.logs:
+                    return True
+                for column, op, value in filters:
+                    s = stats.get(column_stats_key(column, fs.partition, fs.base.file_name))
+                    if s is not None and not may_match(op, value, s["min_value"], s["max_value"]):
+                        return False
+                return True
+            kept = [fs for fs in slices if possible(fs)]
+        self.last_scan = {"file_slices": len(slices), "skipped": len(slices) - len(kept)}
+        if filters:
+            log.info("read: %d of %d file slices skipped by column stats", len(slices) - len(kept), len(slices))
+        return kept
+
+    def to_arrow(self, as_of: str | None = None, read_optimized: bool = False,
+                 filter: Sequence[Conjunct] | None = None) -> pa.Table:
+        """The snapshot as a pyarrow Table, without Spark. `filter`: [(column, op, value), ...], all must hold."""
         names = self.config.schema.names
-        tables = [read_slice(self.storage, self.path, self.config, fs, read_optimized).select(names)
-                  for fs in self.file_slices(as_of).values()]
+        filters = validate(filter, self.config.schema)
+        tables = []
+        for fs in self.scan_plan(as_of, filters):
+            rows = read_slice(self.storage, self.path, self.config, fs, read_optimized).select(names)
+            tables.append(rows.filter(row_mask(rows, filters)) if filters else rows)
         return pa.concat_tables(tables) if tables else self.config.schema.empty_table()
 
-    def read(self, as_of: str | None = None, read_optimized: bool = False, spark: Any = None) -> Any:
+    def read(self, as_of: str | None = None, read_optimized: bool = False, spark: Any = None,
+             filter: Sequence[Conjunct] | None = None) -> Any:
         """The snapshot as a Spark DataFrame (base files merged with their logs, unless `read_optimized`)."""
         from pyspark.sql import SparkSession
 
         from .spark_pipeline import spark_session
 
         spark = spark or SparkSession.getActiveSession() or spark_session()
-        return read_dataframe(spark, self.path, self.config, list(self.file_slices(as_of).values()), read_optimized)
+        filters = validate(filter, self.config.schema)
+        df = read_dataframe(spark, self.path, self.config, self.scan_plan(as_of, filters), read_optimized)
+        return df.where(spark_condition(filters)) if filters else df
 
     def lookup(self, keys: Any, explain: bool = False, using: str = "index") -> Any:
         """Where each key lives: a pyarrow Table (key, partition, file_id; nulls when absent). `keys` has the
