@@ -1,4 +1,4 @@
-"""Column statistics of data files, as `column_stats` metadata records."""
+"""Column statistics of data files, as `column_stats` metadata records, and their typed min/max values."""
 from __future__ import annotations
 
 import datetime as dt
@@ -9,26 +9,30 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from metatable.metadata_records import wrap_stat_value
-from metatable.table_config import KEY_COLUMN, TableConfig
-
 from .keys import column_stats_key
 
 
-def stats_columns(config: TableConfig) -> list[str]:
-    """The record key, then the table's first `column_stats.max_columns` primitive columns."""
-    limit = config.options["column_stats.max_columns"]
-    primitive = [f.name for f in config.schema if not pa.types.is_nested(f.type)]
-    return [KEY_COLUMN] + primitive[:limit]
+def wrap_stat_value(v: Any) -> Any:
+    """A plain Python value as the min/max union branch that keeps its type."""
+    if isinstance(v, dt.datetime):
+        return {"micros": v}
+    if isinstance(v, dt.date):
+        return {"days": v}
+    return v
 
 
-def stat_value(value: Any) -> Any:
-    """A min/max as stored: decimals as doubles (for range pruning), dates and timestamps typed."""
+def stat_value(v: Any) -> Any:
+    """A stored min/max union value as a plain Python value."""
+    if isinstance(v, dict):
+        return v.get("days", v.get("micros"))
+    return v
+
+
+def stored_stat(value: Any) -> Any:
+    """A min/max as stored: decimals as doubles (range pruning only needs order), dates and timestamps typed."""
     if isinstance(value, decimal.Decimal):
         return float(value)
-    if isinstance(value, (dt.date, dt.datetime)):
-        return wrap_stat_value(value)
-    return value
+    return wrap_stat_value(value)
 
 
 def file_column_stats(table: pa.Table, columns: Sequence[str], partition: str, file_name: str,
@@ -46,7 +50,7 @@ def file_column_stats(table: pa.Table, columns: Sequence[str], partition: str, f
         column = table[name]
         if table.num_rows and column.null_count < table.num_rows:
             mm = pc.min_max(column)
-            lo, hi = stat_value(mm["min"].as_py()), stat_value(mm["max"].as_py())
+            lo, hi = stored_stat(mm["min"].as_py()), stored_stat(mm["max"].as_py())
         else:
             lo = hi = None
         out[column_stats_key(name, partition, file_name)] = {

@@ -1,8 +1,23 @@
-"""metatable: keyed tables on a data lake, indexed by a merge-on-read metadata table."""
-from .errors import MetatableError
-from .metadata_table import MetadataTable
-from .spark_pipeline import spark_session
-from .table import Table, WriteResult
-from .table_config import IndexConfig
+"""metatable: keyed tables on a data lake, indexed by a merge-on-read metadata table.
 
-__all__ = ["IndexConfig", "MetadataTable", "MetatableError", "Table", "WriteResult", "spark_session"]
+Exports resolve lazily, so that importing a leaf module (`metatable.errors`, which `indexes` uses) does not
+pull in the whole engine: dependencies stay one-way, metatable -> indexes -> metatable.errors.
+"""
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "IndexConfig": "metatable.table_config",
+    "MetadataTable": "metatable.metadata_table",
+    "MetatableError": "metatable.errors",
+    "Table": "metatable.table",
+    "WriteResult": "metatable.table",
+    "spark_session": "metatable.spark_pipeline",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'metatable' has no attribute {name!r}")

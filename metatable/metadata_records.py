@@ -9,12 +9,13 @@ tombstone's shielding: `is_deleted` with live files for `files`, `resets` for
 """
 from __future__ import annotations
 
-import datetime as dt
 import io
 from functools import cached_property
 from typing import Any, Iterable
 
 import fastavro
+
+from indexes.column_stats import stat_value, wrap_stat_value
 
 from .errors import MetatableError
 from .schemas import schema
@@ -137,22 +138,6 @@ class BloomFilterKind(RecordKind):
 
     def merge(self, older: Record, newer: Record) -> Record:
         return newer
-
-
-def stat_value(v: Any) -> Any:
-    """A min/max union value as a plain Python value."""
-    if isinstance(v, dict):
-        return v.get("days", v.get("micros"))
-    return v
-
-
-def wrap_stat_value(v: Any) -> Any:
-    """A plain Python value as the min/max union branch that keeps its type."""
-    if isinstance(v, dt.datetime):
-        return {"micros": v}
-    if isinstance(v, dt.date):
-        return {"days": v}
-    return v
 
 
 def _min_max(a: Any, b: Any, pick: Any) -> Any:

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import InvalidInputError
-from .metadata_records import stat_value
+from indexes.column_stats import stat_value
 
 Conjunct = tuple[str, str, Any]
 _COMPARE = {"==": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal, ">": pc.greater,

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from indexes.bloom import FILTER_TYPE
-from indexes.column_stats import stats_columns, tombstones
+from indexes.column_stats import tombstones
 from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key, column_stats_key
 
 from . import markers
@@ -477,7 +477,7 @@ class Table:
             instant = self._timeline.request(Action.CLEAN, plan={"delete": doomed}, others=[self.metadata.timeline])
             instant = self._timeline.start(instant)
             records: dict[str, dict[str, Any]] = {"files": {}, "column_stats": {}, "bloom_filter": {}}
-            columns = stats_columns(self.config)
+            columns = self.config.stats_columns()
             for partition, names in doomed.items():
                 records["files"][partition] = _files_record({n: 0 for n in names}, deleted=True)
                 for name in names:

@@ -116,6 +116,11 @@ class TableConfig:
     def log_schema(self) -> pa.Schema:
         return self.storage_schema.append(pa.field(DELETED_COLUMN, pa.bool_(), nullable=False))
 
+    def stats_columns(self) -> list[str]:
+        """Columns with column_stats: the record key, then the first `column_stats.max_columns` primitive ones."""
+        primitive = [f.name for f in self.schema if not pa.types.is_nested(f.type)]
+        return [KEY_COLUMN] + primitive[:self.options["column_stats.max_columns"]]
+
     def metadata_partitions(self) -> dict[str, int]:
         parts = {"files": 1}
         if "column_stats" in self.metadata_indexes:

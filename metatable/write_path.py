@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from indexes.arrow_keys import bucket_ids, partition_paths, record_keys
 from indexes.bloom import BloomFilter
-from indexes.column_stats import file_column_stats, stats_columns
+from indexes.column_stats import file_column_stats
 
 from .base_file import BaseFile, new_write_token
 from .data_log import write_data_log
@@ -141,7 +141,7 @@ def base_file_indexes(config: TableConfig, rows: pa.Table, partition: str, file_
     record-key bloom filter (serialized), each only when that metadata partition is enabled."""
     stats = bloom = None
     if "column_stats" in config.metadata_indexes:
-        stats = pickle.dumps(file_column_stats(rows, stats_columns(config), partition, file_name, metadata))
+        stats = pickle.dumps(file_column_stats(rows, config.stats_columns(), partition, file_name, metadata))
     if "bloom_filter" in config.metadata_indexes:
         keys = rows[KEY_COLUMN].to_pylist()
         bloom = BloomFilter.build(keys, config.options["index.bloom.fpp"]).to_bytes()

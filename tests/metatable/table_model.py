@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import strategies as st
 
-from indexes.column_stats import file_column_stats, stats_columns
+from indexes.column_stats import file_column_stats
 from indexes.keys import column_stats_key
 from metatable.log_file import LogFile
 from metatable.table import Table
@@ -79,7 +79,7 @@ def check_metadata(table: Table) -> None:
     assert files_in_metadata(table) == data_files_on_disk(table)
     if "column_stats" not in table.config.metadata_indexes:
         return
-    columns = stats_columns(table.config)
+    columns = table.config.stats_columns()
     for relative in files_in_metadata(table):
         if not relative.endswith(".parquet"):
             continue

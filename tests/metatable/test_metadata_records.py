@@ -6,7 +6,8 @@ import datetime as dt
 import pytest
 from hypothesis import given, strategies as st
 
-from metatable.metadata_records import KINDS, MetadataIntegrityError, stat_value
+from indexes.column_stats import stat_value
+from metatable.metadata_records import KINDS, MetadataIntegrityError
 
 FILES, BLOOM, STATS, RING = (KINDS[k] for k in ("files", "bloom_filter", "column_stats", "hashing_meta"))
 NAMES = ["a", "b", "c", "d"]
