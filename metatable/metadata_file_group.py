@@ -102,7 +102,7 @@ class MetadataFileGroup:
             present = [k for k, r in zip(keys, raws) if r is not None]
             out = dict(zip(present, kind.base_visible_many([r for r in raws if r is not None])))
         if logs:
-            for key in {k for k in keys if k in logs}:
+            for key in dict.fromkeys(k for k in keys if k in logs):  # each key once, in a stable order
                 older = out.get(key)
                 shown = kind.visible(logs[key] if older is None else kind.merge(older, logs[key]))
                 if shown is None:
