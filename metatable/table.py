@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from indexes.bloom import FILTER_TYPE
 from indexes.column_stats import tombstones
+from indexes.arrow_keys import partition_paths
 from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key, column_stats_key
 
 from . import markers
@@ -37,13 +38,16 @@ from .scan_filter import Conjunct, may_match, row_mask, spark_condition, validat
 from .slice_reader import partition_dir, read_slice
 from .spark_pipeline import arrow_schema_of, is_dataframe, read_dataframe, write_dataframe
 from .storage import LocalStorage, Storage
-from .table_config import IndexConfig, TableConfig, as_tuple, normalize_schema
+from .table_config import KEY_COLUMN, IndexConfig, TableConfig, as_tuple, normalize_schema
 from .timeline import META_DIR, Timeline
-from .write_path import PARQUET, WriteTask, base_file_indexes, tag, write_local
+from .tagging import BloomPlan, insert_slots
+from .table_lookup import MetadataIndex
+from .write_path import PARQUET, WriteTask, base_file_indexes, conform, write_local
 
 log = logging.getLogger(__name__)
 
 TABLE_FILE = "table.json"
+DEFAULT_BYTES_PER_ROW = 100.0  # until a table has files to measure
 DATA_ACTIONS = (Action.COMMIT, Action.DELTACOMMIT, Action.COMPACTION, Action.REPLACECOMMIT)
 WRITE_ACTIONS = (Action.COMMIT, Action.DELTACOMMIT)
 
@@ -140,7 +144,7 @@ class Table:
         if not on_spark:
             data = _as_arrow(data)
         schema = arrow_schema_of(data) if on_spark else data.schema
-        tag(config, operation, schema.empty_table())  # schema errors before anything is written
+        conform(schema.empty_table(), config, operation)  # schema errors before anything is written
         action = Action.DELTACOMMIT if config.merge_on_read else Action.COMMIT
         with self._timeline.lock.held():
             self._recover()
@@ -150,7 +154,8 @@ class Table:
         try:
             with self._timeline.heartbeat(instant):
                 slices = self.file_slices()
-                task = WriteTask(self.path, config, instant.time, operation, slices, self._log_base_instants())
+                bloom = self._bloom_plan(data, operation, slices, instant.time) if config.index.type == "bloom" else None
+                task = WriteTask(self.path, config, instant.time, operation, slices, self._log_base_instants(), bloom)
                 stats = write_dataframe(task, data) if on_spark else write_local(task, data)
                 crash_point("table.write.files")
                 result = self._commit(instant, operation, stats, seen)
@@ -163,6 +168,42 @@ class Table:
                  result.instant, result.inserted, result.updated, result.deleted, result.skipped,
                  result.files_written, result.seconds)
         return result
+
+    def _bloom_plan(self, data: Any, operation: str, slices: Mapping[tuple[str, str], FileSlice],
+                    instant: str) -> BloomPlan:
+        """Pin each base file's key range, and plan where each partition's new keys may go."""
+        config = self.config
+        index = MetadataIndex(self.metadata, config)
+        names: dict[str, list[str]] = {}
+        sizes: dict[str, dict[str, int]] = {}
+        for (partition, file_id), fs in slices.items():
+            if fs.base:
+                names.setdefault(partition, []).append(fs.base.file_name)
+                sizes.setdefault(partition, {})[file_id] = self.storage.size(
+                    os.path.join(partition_dir(self.path, partition), fs.base.file_name))
+        ranges = {p: index.ranges(p, n) for p, n in names.items()}
+        if operation == "delete":
+            return BloomPlan(ranges, {})
+        counts = self._partition_counts(data)
+        total_bytes = sum(sum(s.values()) for s in sizes.values())
+        stats = self.metadata.get_many("column_stats", [column_stats_key(KEY_COLUMN, p, n)
+                                                        for p, ns in names.items() for n in ns])
+        rows = sum(r["value_count"] for r in stats.values())
+        bytes_per_row = total_bytes / rows if rows else DEFAULT_BYTES_PER_ROW
+        slots = insert_slots(counts, sizes, bytes_per_row, config.options["write.target_file_size"], instant)
+        return BloomPlan(ranges, slots)
+
+    def _partition_counts(self, data: Any) -> dict[str, int]:
+        """Rows per partition path in the batch: a small aggregation (only the partition columns)."""
+        cols = list(self.config.partition_by)
+        if is_dataframe(data):
+            counts = data.groupBy(*cols).count().toArrow() if cols else pa.table({"count": [data.count()]})
+        else:
+            counts = data.group_by(cols).aggregate([([], "count_all")]).rename_columns([*cols, "count"]) if cols \
+                else pa.table({"count": [data.num_rows]})
+        typed = pa.table({c: counts[c].cast(self.config.schema.field(c).type) for c in cols}) if cols else counts
+        paths = partition_paths(typed, self.config.partition_by).to_pylist()
+        return dict(zip(paths, counts["count"].to_pylist()))
 
     def _commit(self, instant: Instant, operation: str, stats: pa.Table, seen: set[str]) -> WriteResult:
         rows = stats.to_pylist()

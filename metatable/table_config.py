@@ -24,12 +24,14 @@ class IndexConfig:
     """How a write finds a record's file group.
 
     type "bucket": engine "simple" (hash32(key) % num_buckets, fixed) or "consistent_hashing";
-    type "bloom": the metadata-backed bloom index.
+    type "bloom": the metadata-backed bloom index; `scope` "partition" (a key is unique within its partition)
+    or "global" (unique across partitions: an update goes to the file group that holds the key).
     """
 
     type: str = "bucket"
     engine: str = "simple"
     num_buckets: int = 4
+    scope: str = "partition"
 
     def __post_init__(self) -> None:
         if self.type not in ("bucket", "bloom"):
@@ -38,13 +40,14 @@ class IndexConfig:
             raise ConfigError(f"bucket index engine must be 'simple' or 'consistent_hashing', got {self.engine!r}")
         if not isinstance(self.num_buckets, int) or self.num_buckets < 1:
             raise ConfigError(f"num_buckets must be a positive integer, got {self.num_buckets!r}")
-        if self.type == "bloom" or self.engine == "consistent_hashing":
-            raise ConfigError(f"writes through the {self.type if self.type == 'bloom' else self.engine} index are "
-                              "not available yet; use type='bucket', engine='simple' (with metadata_indexes "
-                              "['bloom_filter', 'column_stats'], lookup(using='metadata') runs the bloom lookup)")
+        if self.scope not in ("partition", "global"):
+            raise ConfigError(f"index scope must be 'partition' or 'global', got {self.scope!r}")
+        if self.engine == "consistent_hashing":
+            raise ConfigError("the consistent_hashing engine is not available yet; use engine='simple' or "
+                              "type='bloom'")
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": self.type, "engine": self.engine, "num_buckets": self.num_buckets}
+        return {"type": self.type, "engine": self.engine, "num_buckets": self.num_buckets, "scope": self.scope}
 
 
 def _supported(t: pa.DataType) -> bool:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 import pickle
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from indexes.arrow_keys import bucket_ids, partition_paths, record_keys
 from indexes.bloom import BloomFilter
 from indexes.column_stats import file_column_stats
 
@@ -54,11 +53,7 @@ class WriteTask:
     operation: str
     slices: Mapping[tuple[str, str], FileSlice] = field(default_factory=dict)
     log_base_instants: Mapping[tuple[str, str], str] = field(default_factory=dict)  # pending compactions
-
-
-def bucket_file_id(bucket: int) -> str:
-    """Deterministic, so that two writers creating the same bucket touch the same file group."""
-    return f"{bucket:08d}-0"
+    bloom: Any = None  # tagging.BloomPlan for a bloom-index write
 
 
 def conform(batch: pa.Table, config: TableConfig, operation: str) -> pa.Table:
@@ -107,26 +102,15 @@ def castable(source: pa.DataType, target: pa.DataType) -> bool:
         (any(f(source) for f in binaries) and any(f(target) for f in binaries))
 
 
-def tag_inputs(config: TableConfig) -> list[str]:
-    """The columns that decide a row's record key, partition path and file group."""
-    return list(dict.fromkeys([*config.record_key, *config.partition_by]))
+def tag(task: WriteTask, batch: pa.Table) -> pa.Table:
+    """The conformed batch plus its record key, partition path and file id (rows with no file dropped)."""
+    from .tagging import tagger_for
 
-
-def tag_columns(config: TableConfig, table: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray, pa.Array]:
-    """Record key, partition path and file id of every row (null or empty keys are errors)."""
-    keys = record_keys(table, config.record_key)
-    partitions = partition_paths(table, config.partition_by)
-    n = config.index.num_buckets
-    ids = pa.array([bucket_file_id(b) for b in range(n)]).take(pa.array(bucket_ids(keys, n)))
-    return keys, partitions, ids
-
-
-def tag(config: TableConfig, operation: str, batch: pa.Table) -> pa.Table:
-    """The conformed batch plus its record key, partition path and file id."""
-    table = conform(batch, config, operation)
-    keys, partitions, ids = tag_columns(config, table)
-    return table.append_column(KEY_COLUMN, keys).append_column(PARTITION_COLUMN, partitions) \
+    table = conform(batch, task.config, task.operation)
+    keys, partitions, ids = tagger_for(task)(table)
+    tagged = table.append_column(KEY_COLUMN, keys).append_column(PARTITION_COLUMN, partitions) \
         .append_column(FILE_ID_COLUMN, ids)
+    return tagged.filter(pc.is_valid(tagged[FILE_ID_COLUMN])) if ids.null_count else tagged
 
 
 def _stats_row(partition: str, file_id: str, file_name: str | None, kind: str | None, size: int, rows: int,
@@ -271,6 +255,6 @@ def write_sorted_batches(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> 
 
 def write_local(task: WriteTask, data: pa.Table) -> pa.Table:
     """The whole write in this process (pyarrow input, no Spark)."""
-    tagged = tag(task.config, task.operation, data)
+    tagged = tag(task, data)
     results = [write_file_group(task, group) for group in split_by_file_group(tagged)]
     return pa.concat_tables(results) if results else STATS_SCHEMA.empty_table()
