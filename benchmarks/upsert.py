@@ -170,7 +170,7 @@ def main() -> None:
     ap.add_argument("--scale-factor", type=float, default=1.0)
     ap.add_argument("--buckets", type=int, default=8)
     ap.add_argument("--only", default="metatable,spark,delta")
-    ap.add_argument("--indexes", default="bucket", help="metatable index types, comma separated")
+    ap.add_argument("--indexes", default="bucket,bloom", help="metatable index types, comma separated")
     ap.add_argument("--workdir", default="bench-data")
     args = ap.parse_args()
     from pyspark.sql import functions as F

@@ -52,16 +52,34 @@ def members(candidates: pa.Array | pa.ChunkedArray, big: pa.Array | pa.ChunkedAr
     return pc.is_in(candidates, value_set=hits).to_numpy(zero_copy_only=False)
 
 
+class SortedKeys:
+    """A base file's record keys, sorted once, for membership by binary search (files never change, so
+    a long-lived process can keep these across batches)."""
+
+    def __init__(self, path: str) -> None:
+        column = pq.read_table(path, columns=[KEY_COLUMN])[KEY_COLUMN].cast(pa.binary())
+        self.keys = np.sort(np.array(column.to_pylist(), dtype="S"))  # UTF-8 bytes sort like the strings
+
+    def contains(self, candidates: list[str]) -> np.ndarray:
+        probe = np.array([k.encode() for k in candidates], dtype="S")
+        pos = np.searchsorted(self.keys, probe)
+        hit = pos < len(self.keys)
+        hit[hit] = self.keys[pos[hit]] == probe[hit]
+        return hit
+
+
 def live_mask(storage: Storage, root: str, config: TableConfig, fs: FileSlice | None,
-              candidates: pa.Array | pa.ChunkedArray) -> np.ndarray:
+              candidates: pa.Array | pa.ChunkedArray, in_base: np.ndarray | None = None) -> np.ndarray:
     """Which candidate keys are live in the slice. Only the logs (small) are merged; the base's key
-    column (large) is only probed: live = live in the logs, or in the base and not deleted by the logs."""
+    column (large) is only probed: live = live in the logs, or in the base and not deleted by the logs.
+    `in_base` saves the probe when the caller knows the base's answer (a cached key index)."""
     n = len(candidates)
     if fs is None:
         return np.zeros(n, dtype=bool)
     path = base_path(root, fs)
-    in_base = members(candidates, pq.read_table(path, columns=[KEY_COLUMN])[KEY_COLUMN]) if path \
-        else np.zeros(n, dtype=bool)
+    if in_base is None:
+        in_base = members(candidates, pq.read_table(path, columns=[KEY_COLUMN])[KEY_COLUMN]) if path \
+            else np.zeros(n, dtype=bool)
     if not fs.logs:
         return in_base
     logs = log_tables(storage, root, config, fs, [KEY_COLUMN, DELETED_COLUMN])

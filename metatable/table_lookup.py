@@ -10,7 +10,7 @@ the base's key column and its logs' keys and delete markers.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -25,7 +25,7 @@ from indexes.lookup import CandidateFile, LevelReport, lookup
 
 from .errors import InvalidInputError
 from .file_slice import FileSlice
-from .slice_reader import live_mask, log_tables, members
+from .slice_reader import SortedKeys, base_path, live_mask, log_tables, members
 from .storage import Storage
 from .table_config import KEY_COLUMN, TableConfig
 
@@ -85,15 +85,26 @@ class SliceLocator:
 
     def __init__(self, storage: Storage, root: str, config: TableConfig, slices: Mapping[tuple[str, str], FileSlice],
                  ranges: Callable[[str, Sequence[str]], Mapping[str, KeyRange]],
-                 blooms: Callable[[str, Sequence[str]], Mapping[str, BloomFilter | None]]) -> None:
+                 blooms: Callable[[str, Sequence[str]], Mapping[str, BloomFilter | None]],
+                 cache_base_keys: int = 0) -> None:
         self.storage, self.root, self.config = storage, root, config
         self.ranges, self.blooms = ranges, blooms
+        self.cache_base_keys = cache_base_keys  # how many base files' sorted keys to keep (0: read each time)
+        self._base_keys: OrderedDict[str, SortedKeys] = OrderedDict()
         self.by_partition: dict[str, dict[str, FileSlice]] = defaultdict(dict)
         for (partition, file_id), fs in slices.items():
             self.by_partition[partition][file_id] = fs
 
     def verify(self, fs: FileSlice, keys: list[str]) -> np.ndarray:
-        return live_mask(self.storage, self.root, self.config, fs, pa.array(keys, pa.string()))
+        in_base = None
+        if self.cache_base_keys and fs.base:
+            path = base_path(self.root, fs)
+            cached = self._base_keys.pop(path, None) or SortedKeys(path)
+            self._base_keys[path] = cached
+            while len(self._base_keys) > self.cache_base_keys:
+                self._base_keys.popitem(last=False)
+            in_base = cached.contains(keys)
+        return live_mask(self.storage, self.root, self.config, fs, pa.array(keys, pa.string()), in_base)
 
     def in_partition(self, partition: str, keys: list[str], explain: Explain) -> dict[int, str]:
         """key index -> file id, for the keys found in `partition`."""

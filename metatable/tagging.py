@@ -35,6 +35,9 @@ def tag_inputs(config: TableConfig) -> list[str]:
     return list(dict.fromkeys([*config.record_key, *config.partition_by]))
 
 
+BASE_KEY_CACHE_FILES = 64  # sorted key arrays a tagging worker keeps between batches
+
+
 class Tagger:
     """(record keys, partition paths, file ids) of a batch; a null file id drops the row (a delete of an
     absent key)."""
@@ -77,7 +80,8 @@ class BloomTagger(Tagger):
 
             def pinned_ranges(partition: str, names) -> dict:
                 return {n: ranges[partition][n] for n in names if n in ranges.get(partition, {})}
-            self._cached = SliceLocator(storage, root, self.config, self.task.slices, pinned_ranges, index.blooms)
+            self._cached = SliceLocator(storage, root, self.config, self.task.slices, pinned_ranges, index.blooms,
+                                        cache_base_keys=BASE_KEY_CACHE_FILES)
         return self._cached
 
     def __call__(self, table: pa.Table) -> tuple[pa.Array, pa.Array, pa.Array]:
