@@ -168,10 +168,11 @@ def cmd_create(args: argparse.Namespace) -> None:
     if bool(args.schema) == bool(args.schema_from):
         raise InvalidInputError("give the schema with exactly one of --schema or --schema-from")
     schema = parse_schema(args.schema) if args.schema else read_input(args.schema_from, args.format).schema
-    index = IndexConfig(type=args.index, engine=args.engine, num_buckets=args.buckets)
+    index = IndexConfig(type=args.index, engine=args.engine, num_buckets=args.buckets, scope=args.scope)
+    indexes = args.metadata_index or (["column_stats", "bloom_filter"] if args.index == "bloom" else ["column_stats"])
     table = Table.create(args.path, schema, args.key.split(","),
                          args.partition_by.split(",") if args.partition_by else None, args.ordering,
-                         args.type, index, args.metadata_index or ["column_stats"], parse_options(args.option))
+                         args.type, index, indexes, parse_options(args.option))
     print(f"created {table.config.table_type} table {table.path}: key {list(table.config.record_key)}, "
           f"partitioned by {list(table.config.partition_by) or 'nothing'}, {index.type} index")
 
@@ -286,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", default="bucket", choices=["bucket", "bloom"])
     p.add_argument("--engine", default="simple", choices=["simple", "consistent_hashing"])
     p.add_argument("--buckets", type=int, default=4)
+    p.add_argument("--scope", default="partition", choices=["partition", "global"],
+                   help="bloom index: keys unique per partition, or across the table")
     p.add_argument("--metadata-index", action="append", choices=["column_stats", "bloom_filter"])
     p.add_argument("--option", action="append", help="key=value table option (repeatable)")
     p.set_defaults(func=cmd_create)
