@@ -14,19 +14,16 @@ import os
 import pickle
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from indexes.bloom import FILTER_TYPE
-from indexes.column_stats import tombstones
 from indexes.arrow_keys import partition_paths
+from indexes.bloom import FILTER_TYPE
 from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key, column_stats_key
 
-from . import markers
-from .base_file import BaseFile, new_write_token
-from .data_log import log_row_count
+from . import markers, table_services
+from .table_services import DATA_ACTIONS, files_record
 from .errors import (ConflictError, InvalidInputError, MetatableError, RollbackError, TableExistsError,
                      TableNotFoundError)
 from .faults import crash_point
@@ -39,16 +36,15 @@ from .slice_reader import partition_dir, read_slice
 from .spark_pipeline import arrow_schema_of, is_dataframe, read_dataframe, write_dataframe
 from .storage import LocalStorage, Storage
 from .table_config import KEY_COLUMN, IndexConfig, TableConfig, as_tuple, normalize_schema
-from .timeline import META_DIR, Timeline
-from .tagging import BloomPlan, insert_slots
 from .table_lookup import MetadataIndex
-from .write_path import PARQUET, WriteTask, base_file_indexes, conform, write_local
+from .tagging import BloomPlan, insert_slots
+from .timeline import META_DIR, Timeline
+from .write_path import PARQUET, WriteTask, conform, write_local
 
 log = logging.getLogger(__name__)
 
 TABLE_FILE = "table.json"
 DEFAULT_BYTES_PER_ROW = 100.0  # until a table has files to measure
-DATA_ACTIONS = (Action.COMMIT, Action.DELTACOMMIT, Action.COMPACTION, Action.REPLACECOMMIT)
 WRITE_ACTIONS = (Action.COMMIT, Action.DELTACOMMIT)
 
 
@@ -62,10 +58,6 @@ class WriteResult:
     skipped: int = 0  # inserts of keys that already existed
     files_written: int = 0
     seconds: float = 0.0
-
-
-def _files_record(names: Mapping[str, int], deleted: bool = False) -> dict[str, Any]:
-    return {"files": {n: {"size": size, "is_deleted": deleted} for n, size in names.items()}, "is_deleted": False}
 
 
 def _as_arrow(data: Any) -> pa.Table:
@@ -236,9 +228,9 @@ class Table:
                 blooms[bloom_filter_key(r["partition"], r["file_name"])] = {
                     "file_name": r["file_name"], "filter_type": FILTER_TYPE, "instant": instant,
                     "bloom_filter": r["bloom_filter"], "is_deleted": False}
-        records: dict[str, dict[str, Any]] = {"files": {p: _files_record(f) for p, f in by_partition.items()}}
+        records: dict[str, dict[str, Any]] = {"files": {p: files_record(f) for p, f in by_partition.items()}}
         if by_partition:
-            records["files"][ALL_PARTITIONS_KEY] = _files_record({p: 0 for p in by_partition})
+            records["files"][ALL_PARTITIONS_KEY] = files_record({p: 0 for p in by_partition})
         if stats:
             records["column_stats"] = stats
         if blooms:
@@ -438,123 +430,18 @@ class Table:
         result, report = locate(self, keys_table(keys), by_metadata=using == "metadata")
         return (result, report.as_dict()) if explain else result
 
-    # -- table services -------------------------------------------------------------------------------
+    # -- table services (metatable/table_services.py) -------------------------------------------------
     def compact(self) -> str | None:
         """Merge-on-read: rewrite every file group that has logs as a new base file. Returns the instant."""
-        if not self.config.merge_on_read:
-            return None
-        with self._timeline.lock.held():
-            self._recover()
-            if self._timeline.pending([Action.COMPACTION]):
-                instant = self._timeline.pending([Action.COMPACTION])[0]
-                if not self._timeline.is_expired(instant):
-                    log.info("compaction %s is running elsewhere", instant.time)
-                    return None
-                plan = self._timeline.plan(instant)
-            else:
-                slices = {f"{p}/{fid}": fs for (p, fid), fs in self.file_slices().items() if fs.logs}
-                if not slices:
-                    return None
-                plan = {"file_groups": {g: fs.file_names for g, fs in slices.items()}}
-                instant = self._timeline.request(Action.COMPACTION, plan=plan, others=[self.metadata.timeline])
-            instant = self._timeline.start(instant) if instant.state is State.REQUESTED else instant
-        started = time.monotonic()
-        with self._timeline.heartbeat(instant):
-            written = [self._compact_file_group(instant.time, group, names)
-                       for group, names in plan["file_groups"].items()]
-            crash_point("table.compaction.files")
-            with self._timeline.lock.held():
-                self.metadata.begin(instant.time)
-                self.metadata.write(instant.time, self._metadata_records(written, instant.time))
-                self.metadata.complete(instant.time)
-                self._timeline.complete(instant, {"file_groups": sorted(plan["file_groups"])})
-        markers.clear(self.storage, self.path, instant.time)
-        log.info("compacted %d file groups at %s in %.2fs", len(written), instant.time, time.monotonic() - started)
-        self.metadata.refresh()
-        return instant.time
-
-    def _compact_file_group(self, instant: str, group: str, names: list[str]) -> dict:
-        partition, _, file_id = group.rpartition("/")
-        bases, logs = parse_names(names, PARQUET)
-        fs = FileSlice(partition, file_id, bases[0].instant if bases else "0" * 17, bases[0] if bases else None,
-                       tuple(sorted(logs, key=lambda lf: (lf.instant, lf.version))))
-        rows = read_slice(self.storage, self.path, self.config, fs)
-        name = BaseFile(file_id, new_write_token(), instant, PARQUET).file_name
-        relative = name if partition == "." else f"{partition}/{name}"
-        markers.mark(self.storage, self.path, instant, relative)
-        path = os.path.join(self.path, relative)
-        staged = self.storage.staging_path(path)
-        collected: list[pq.FileMetaData] = []
-        compression = self.config.options["write.parquet.compression"]
-        pq.write_table(rows, staged, compression=None if compression == "none" else compression,
-                       metadata_collector=collected)
-        self.storage.publish(staged, path)
-        return {"partition": partition, "file_id": file_id, "file_name": name, "kind": "base",
-                "size": self.storage.size(path), **base_file_indexes(self.config, rows, partition, name, collected[0])}
+        return table_services.compact(self)
 
     def clean(self) -> str | None:
         """Delete file slices that none of the last `clean.retain_commits` completed instants can read."""
-        retain = self.config.options["clean.retain_commits"]
-        with self._timeline.lock.held():
-            completed = [i.time for i in self._timeline.completed(DATA_ACTIONS)]
-            if len(completed) <= retain:
-                return None
-            horizon = completed[-retain]
-            doomed: dict[str, list[str]] = {}
-            for partition, names in self._live_files().items():
-                bases, logs = parse_names(names, PARQUET)
-                for file_id in {b.file_id for b in bases}:
-                    mine = [b for b in bases if b.file_id == file_id]
-                    readable = [b.instant for b in mine if b.instant <= horizon]
-                    if not readable:
-                        continue
-                    floor = max(readable)  # the slice the horizon reads: older slices are unreachable
-                    doomed_here = [b.file_name for b in mine if b.instant < floor]
-                    doomed_here += [lf.file_name for lf in logs if lf.file_id == file_id and lf.base_instant < floor]
-                    if doomed_here:
-                        doomed.setdefault(partition, []).extend(doomed_here)
-            if not doomed:
-                return None
-            instant = self._timeline.request(Action.CLEAN, plan={"delete": doomed}, others=[self.metadata.timeline])
-            instant = self._timeline.start(instant)
-            records: dict[str, dict[str, Any]] = {"files": {}, "column_stats": {}, "bloom_filter": {}}
-            columns = self.config.stats_columns()
-            for partition, names in doomed.items():
-                records["files"][partition] = _files_record({n: 0 for n in names}, deleted=True)
-                for name in names:
-                    if name.endswith("." + PARQUET):
-                        records["column_stats"].update(tombstones(columns, partition, name))
-                        records["bloom_filter"][bloom_filter_key(partition, name)] = None
-            for index in ("column_stats", "bloom_filter"):
-                if index not in self.config.metadata_indexes:
-                    del records[index]
-            self.metadata.begin(instant.time)
-            self.metadata.write(instant.time, records)
-            self.metadata.complete(instant.time)
-            self._timeline.complete(instant, {"deleted": doomed})
-        for partition, names in doomed.items():
-            for name in names:
-                self.storage.delete(os.path.join(partition_dir(self.path, partition), name))
-        self.metadata.refresh()
-        log.info("cleaned %d files at %s", sum(map(len, doomed.values())), instant.time)
-        return instant.time
+        return table_services.clean(self)
 
-    # -- inspection -----------------------------------------------------------------------------------
     def stats(self) -> list[dict[str, Any]]:
         """Per file group: rows, bytes and pending logs of its latest slice."""
-        out = []
-        for (partition, file_id), fs in sorted(self.file_slices().items()):
-            directory = partition_dir(self.path, partition)
-            base_rows = base_bytes = 0
-            if fs.base:
-                path = os.path.join(directory, fs.base.file_name)
-                base_rows = pq.read_metadata(path).num_rows
-                base_bytes = self.storage.size(path)
-            log_paths = [os.path.join(directory, lf.file_name) for lf in fs.logs]
-            out.append({"partition": partition, "file_id": file_id, "base_rows": base_rows, "base_bytes": base_bytes,
-                        "logs": len(fs.logs), "log_rows": sum(log_row_count(self.storage, p) for p in log_paths),
-                        "log_bytes": sum(self.storage.size(p) for p in log_paths)})
-        return out
+        return table_services.stats(self)
 
 
 __all__ = ["Table", "WriteResult", "IndexConfig", "MetatableError"]

@@ -1,5 +1,5 @@
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from indexes.bloom import BloomFilter, optimal_size
 from metatable.errors import CorruptFileError
