@@ -3,6 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SF ?= 0.1
+BENCH_SF ?= 1
 
 .PHONY: test demo bench clean
 
@@ -20,6 +21,9 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/mdt_lookup.py
+	$(PY) benchmarks/log_blocks.py
+	$(PY) benchmarks/upsert.py --scale-factor $(BENCH_SF)
+	$(PY) benchmarks/lookup.py --scale-factor $(BENCH_SF)
 
 clean:
 	rm -rf $(VENV) demo-data bench-data

@@ -145,6 +145,8 @@ def _min_max(a: Any, b: Any, pick: Any) -> Any:
         return b
     if b is None:
         return a
+    if type(a) is type(b) and not isinstance(a, dict):  # plain numbers or strings: no unwrapping
+        return pick(a, b)
     return wrap_stat_value(pick(stat_value(a), stat_value(b)))
 
 
