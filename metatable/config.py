@@ -63,7 +63,7 @@ OPTIONS: dict[str, Option] = {
                "clean keeps every file slice that the last N completed commits can read", minimum=1),
         Option("clean.inline", bool, True, "clean after each commit"),
         Option("write.shuffle_partitions", int, 0,
-               "Spark partitions of the write shuffle (0: Spark's spark.sql.shuffle.partitions)", minimum=0),
+               "Spark partitions of the write shuffle (0: Spark's default parallelism, one task per core)", minimum=0),
         Option("heartbeat.interval_s", float, 5.0, "how often an inflight writer refreshes its heartbeat",
                minimum=0.01),
         Option("heartbeat.tolerable_misses", int, 6,

@@ -89,8 +89,9 @@ def write_dataframe(task: WriteTask, df) -> pa.Table:
     tagged = df.select(*columns, udf(*[F.col(c) for c in inputs]).alias("_mt_tag")) \
         .select(*conformed.names, f"_mt_tag.{KEY_COLUMN}", f"_mt_tag.{PARTITION_COLUMN}", f"_mt_tag.{FILE_ID_COLUMN}") \
         .where(F.col(FILE_ID_COLUMN).isNotNull())
-    partitions = config.options["write.shuffle_partitions"] or \
-        int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    # measured at SF 1 on 2 cores: 8 write tasks 3.7 s, 4 tasks 3.0 s, 2 tasks 2.9 s; a task streams one file
+    # group at a time, so one task per core costs no memory
+    partitions = config.options["write.shuffle_partitions"] or df.sparkSession.sparkContext.defaultParallelism
     # measured: repartition + sort + mapInArrow is ~2 s faster than groupBy().applyInArrow at SF 1,
     # and streaming sorted batches holds one file group's rows at a time
     grouped = tagged.repartition(partitions, PARTITION_COLUMN, FILE_ID_COLUMN) \
