@@ -121,7 +121,3 @@ def _read(storage: Storage, path: str) -> bytes:
         return storage.read(path)
     except FileNotFoundError:
         raise CorruptFileError(path, "log file vanished (cleaned while being read?)") from None
-
-
-def sorted_entries(entries: Iterable[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
-    return sorted(entries, key=lambda e: e[0].encode())

@@ -147,9 +147,8 @@ class MetadataTable:
             self._listings[partition] = self.storage.list(self._dir(partition))
         return self._listings[partition]
 
-    def _slice(self, partition: str, index: int, snapshot: Snapshot, fresh: bool = False) -> FileSlice:
-        names = self.storage.list(self._dir(partition)) if fresh else self._listing(partition)
-        return resolve_slice(partition, file_group_id(partition, index), names, snapshot.compactions)
+    def _slice(self, partition: str, index: int, snapshot: Snapshot) -> FileSlice:
+        return resolve_slice(partition, file_group_id(partition, index), self._listing(partition), snapshot.compactions)
 
     def _group(self, partition: str, index: int) -> MetadataFileGroup:
         group = self._groups.get((partition, index))
@@ -266,16 +265,18 @@ class MetadataTable:
                 kind.check_successor(current.get(key), record)
 
     def _raw_current(self, partition: str, keys: list[str]) -> dict[str, Record]:
+        """The latest merged records as stored (tombstones included), from a fresh listing and snapshot."""
         snapshot = self._snapshot()
+        names = self.storage.list(self._dir(partition))
         out = {}
-        for key in keys:
-            index = self.file_group_index(partition, key)
-            group = MetadataFileGroup(self.storage, self._dir(partition),
-                                      self._slice(partition, index, snapshot, fresh=True), self.kind(partition),
-                                      snapshot, self.sst_cache)
-            record = group.get_raw(key)
-            if record is not None:
-                out[key] = record
+        for index, group_keys in group_by_bucket(keys, self.partitions[partition]):
+            fs = resolve_slice(partition, file_group_id(partition, index), names, snapshot.compactions)
+            group = MetadataFileGroup(self.storage, self._dir(partition), fs, self.kind(partition), snapshot,
+                                      self.sst_cache)
+            for key in group_keys:
+                record = group.get_raw(key)
+                if record is not None:
+                    out[key] = record
         return out
 
     def _pending_compaction_plans(self) -> list[tuple[Instant, dict[str, Any]]]:
@@ -362,15 +363,6 @@ class MetadataTable:
                 if self.timeline.is_expired(instant):
                     log.warning("rolling back metadata deltacommit %s: its writer stopped", instant.time)
                     self.rollback(instant.time)
-
-    def rollback_expired(self) -> list[str]:
-        """Roll back every pending deltacommit whose writer is gone; returns their times."""
-        with self.lock.held():
-            gone = [i.time for i in self.timeline.pending([Action.DELTACOMMIT]) if self.timeline.is_expired(i)]
-            self._recover()
-            for time in gone:
-                self.rollback(time)
-        return gone
 
     # -- compaction ---------------------------------------------------------------------------------
     def compact(self, force: bool = False) -> CompactionReport:

@@ -32,7 +32,7 @@ from .instant import Action, Instant, State
 from .lock import TableLock
 from .metadata_table import MetadataTable
 from .scan_filter import Conjunct, may_match, row_mask, spark_condition, validate
-from .slice_reader import partition_dir, read_slice
+from .slice_reader import read_slice
 from .spark_pipeline import arrow_schema_of, is_dataframe, read_dataframe, write_dataframe
 from .storage import LocalStorage, Storage
 from .table_config import KEY_COLUMN, IndexConfig, TableConfig, as_tuple, normalize_schema
@@ -168,11 +168,11 @@ class Table:
         index = MetadataIndex(self.metadata, config)
         names: dict[str, list[str]] = {}
         sizes: dict[str, dict[str, int]] = {}
+        recorded = self._live_files()  # sizes as committed, no file system calls
         for (partition, file_id), fs in slices.items():
             if fs.base:
                 names.setdefault(partition, []).append(fs.base.file_name)
-                sizes.setdefault(partition, {})[file_id] = self.storage.size(
-                    os.path.join(partition_dir(self.path, partition), fs.base.file_name))
+                sizes.setdefault(partition, {})[file_id] = recorded[partition][fs.base.file_name]
         ranges = {p: index.ranges(p, n) for p, n in names.items()}
         if operation == "delete":
             return BloomPlan(ranges, {})
@@ -336,10 +336,11 @@ class Table:
         record = self.metadata.get("files", ALL_PARTITIONS_KEY)
         return sorted(record["files"]) if record else []
 
-    def _live_files(self) -> dict[str, list[str]]:
-        """partition -> every live file name, from the `files` partition."""
+    def _live_files(self) -> dict[str, dict[str, int]]:
+        """partition -> every live file name -> its size, from the `files` partition."""
         self.metadata.refresh()
-        return {p: sorted(r["files"]) for p, r in self.metadata.get_many("files", self.partitions()).items()}
+        return {p: {name: e["size"] for name, e in sorted(r["files"].items())}
+                for p, r in self.metadata.get_many("files", self.partitions()).items()}
 
     def file_slices(self, as_of: str | None = None) -> dict[tuple[str, str], FileSlice]:
         """The latest file slice of every file group, as of the latest (or the given) completed instant."""

@@ -162,23 +162,24 @@ class SliceLocator:
                explain: Explain) -> tuple[list[str | None], list[str | None]]:
         """(partition, file id) of every key, None where absent; without `partitions`, search them all."""
         n = len(keys)
-        out_partition: list[str | None] = [None] * n
-        out_file: list[str | None] = [None] * n
+        out_partition = np.full(n, None, dtype=object)
+        out_file = np.full(n, None, dtype=object)
         buckets = bucket_ids(pa.array(keys, pa.string()), self.config.index.num_buckets) if use_buckets and n \
             else np.zeros(n, dtype=np.int64)
         given = np.array(partitions, dtype=object) if partitions is not None else None
         for partition in sorted(self.by_partition):
-            wanted = np.arange(n) if given is None else np.flatnonzero(given == partition)
-            wanted = np.array([i for i in wanted if out_file[i] is None], dtype=np.int64)
+            open_keys = np.equal(out_file, None)
+            wanted = np.flatnonzero(open_keys if given is None else open_keys & (given == partition))
             if not len(wanted):
                 continue
             part_keys = [keys[i] for i in wanted]
             found = self.by_bucket(partition, part_keys, buckets[wanted], explain) if use_buckets else \
                 self.in_partition(partition, part_keys, explain)
-            for local, file_id in found.items():
-                out_partition[wanted[local]] = partition
-                out_file[wanted[local]] = file_id
-        return out_partition, out_file
+            if found:
+                hits = wanted[np.fromiter(found, dtype=np.int64, count=len(found))]
+                out_partition[hits] = partition
+                out_file[hits] = list(found.values())
+        return out_partition.tolist(), out_file.tolist()
 
 
 def locate(table: Table, data: pa.Table, by_metadata: bool = False) -> tuple[pa.Table, Explain]:

@@ -12,13 +12,12 @@ from indexes.column_stats import tombstones
 from indexes.keys import bloom_filter_key
 
 from . import markers
-from .base_file import BaseFile, new_write_token
 from .data_log import log_row_count
 from .faults import crash_point
-from .file_slice import FileSlice, parse_names
+from .file_slice import latest_slice, parse_names
 from .instant import Action, State
 from .slice_reader import partition_dir, read_slice
-from .write_path import PARQUET, base_file_indexes
+from .write_path import PARQUET, write_base_file
 
 if TYPE_CHECKING:
     from .table import Table
@@ -69,21 +68,10 @@ def compact(table: Table) -> str | None:
 def _compact_file_group(table: Table, instant: str, group: str, names: list[str]) -> dict:
     partition, _, file_id = group.rpartition("/")
     bases, logs = parse_names(names, PARQUET)
-    fs = FileSlice(partition, file_id, bases[0].instant if bases else "0" * 17, bases[0] if bases else None,
-                   tuple(sorted(logs, key=lambda lf: (lf.instant, lf.version))))
+    fs = latest_slice(partition, file_id, bases, logs, {b.instant for b in bases}.__contains__)
     rows = read_slice(table.storage, table.path, table.config, fs)
-    name = BaseFile(file_id, new_write_token(), instant, PARQUET).file_name
-    relative = name if partition == "." else f"{partition}/{name}"
-    markers.mark(table.storage, table.path, instant, relative)
-    path = os.path.join(table.path, relative)
-    staged = table.storage.staging_path(path)
-    collected: list[pq.FileMetaData] = []
-    compression = table.config.options["write.parquet.compression"]
-    pq.write_table(rows, staged, compression=None if compression == "none" else compression,
-                   metadata_collector=collected)
-    table.storage.publish(staged, path)
-    return {"partition": partition, "file_id": file_id, "file_name": name, "kind": "base",
-            "size": table.storage.size(path), **base_file_indexes(table.config, rows, partition, name, collected[0])}
+    return write_base_file(table.storage, table.path, table.config, instant, partition, file_id, rows)
+
 
 def clean(table: Table) -> str | None:
     """Delete file slices that none of the last `clean.retain_commits` completed instants can read."""

@@ -92,20 +92,21 @@ class BloomTagger(Tagger):
         key_list, incoming_list = keys.to_pylist(), incoming.to_pylist()
         scope = None if self.config.index.scope == "global" else incoming_list
         found_partition, found_file = self._locator().locate(key_list, scope, False, Explain("bloom"))
-        hashes = hash32_array(keys)
-        partitions, files = [], []
-        deleting = self.task.operation == "delete"
-        for i, (partition, file_id) in enumerate(zip(found_partition, found_file)):
-            if file_id is None:
-                partition = incoming_list[i]
-                if not deleting:
+        partitions = np.array(found_partition, dtype=object)
+        files = np.array(found_file, dtype=object)
+        new = np.equal(files, None)
+        if new.any():
+            arriving = np.array(incoming_list, dtype=object)
+            partitions[new] = arriving[new]
+            if self.task.operation != "delete":  # a delete of an absent key keeps a null file id: dropped
+                hashes = hash32_array(keys)
+                for partition in set(arriving[new]):
                     slots = self.task.bloom.insert_slots.get(partition)
                     if not slots:
                         raise InvalidInputError(f"no insert file group planned for partition {partition!r}")
-                    file_id = slots[int(hashes[i]) % len(slots)]
-            partitions.append(partition)
-            files.append(file_id)
-        return keys, pa.array(partitions, pa.string()), pa.array(files, pa.string())
+                    mine = new & (arriving == partition)
+                    files[mine] = np.array(slots, dtype=object)[hashes[mine] % len(slots)]
+        return keys, pa.array(partitions.tolist(), pa.string()), pa.array(files.tolist(), pa.string())
 
 
 def tagger_for(task) -> Tagger:

@@ -34,7 +34,6 @@ from .table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
 PARTITION_COLUMN = "_mt_partition"
 FILE_ID_COLUMN = "_mt_file_id"
 PARQUET = "parquet"
-OPERATIONS = ("upsert", "insert", "delete")
 
 STATS_SCHEMA = pa.schema([
     ("partition", pa.string()), ("file_id", pa.string()), ("file_name", pa.string()), ("kind", pa.string()),
@@ -119,6 +118,30 @@ def _stats_row(partition: str, file_id: str, file_name: str | None, kind: str | 
             "rows": rows, **counts, **(indexes or {"column_stats": None, "bloom_filter": None})}
 
 
+def new_file(storage: Storage, root: str, instant: str, partition: str, name: str) -> str:
+    """The path of a new data file, marked first so that a rollback of `instant` can find it."""
+    mark(storage, root, instant, name if partition == "." else f"{partition}/{name}")
+    return os.path.join(partition_dir(root, partition), name)
+
+
+def write_base_file(storage: Storage, root: str, config: TableConfig, instant: str, partition: str, file_id: str,
+                    rows: pa.Table) -> dict:
+    """Write `rows` as a new Parquet base file of the file group (marked, staged, published); returns its
+    statistics row: name, size, row count and what the metadata table indexes for it."""
+    name = BaseFile(file_id, new_write_token(), instant, PARQUET).file_name
+    path = new_file(storage, root, instant, partition, name)
+    storage.makedirs(os.path.dirname(path))
+    staged = storage.staging_path(path)
+    collected: list[pq.FileMetaData] = []
+    compression = config.options["write.parquet.compression"]
+    pq.write_table(rows, storage.local_path(staged), compression=None if compression == "none" else compression,
+                   metadata_collector=collected)
+    storage.publish(staged, path)
+    indexes = base_file_indexes(config, rows, partition, name, collected[0] if collected else None)
+    return _stats_row(partition, file_id, name, "base", storage.size(path), rows.num_rows,
+                      {"inserted": 0, "updated": 0, "deleted": 0, "skipped": 0}, indexes)
+
+
 def base_file_indexes(config: TableConfig, rows: pa.Table, partition: str, file_name: str,
                       metadata: pq.FileMetaData | None) -> dict[str, bytes | None]:
     """What the metadata table indexes for a new base file: its column stats (pickled records) and its
@@ -175,32 +198,17 @@ class FileGroupWriter:
                                      counts)]
         return [self._write_log(incoming, counts)]
 
-    def _new_file(self, name: str) -> str:
-        """The path of a new file, marked first so that a rollback can find it."""
-        mark(self.storage, self.task.root, self.task.instant,
-             name if self.partition == "." else f"{self.partition}/{name}")
-        return os.path.join(self.directory, name)
-
     def _write_base(self, rows: pa.Table, counts: dict[str, int]) -> dict:
-        name = BaseFile(self.file_id, new_write_token(), self.task.instant, PARQUET).file_name
-        path = self._new_file(name)
-        collected: list[pq.FileMetaData] = []
-        staged = self.storage.staging_path(path)
-        self.storage.makedirs(self.directory)
-        compression = self.config.options["write.parquet.compression"]
-        pq.write_table(rows, self.storage.local_path(staged), compression=None if compression == "none" else compression,
-                       metadata_collector=collected)
-        self.storage.publish(staged, path)
-        indexes = base_file_indexes(self.config, rows, self.partition, name, collected[0] if collected else None)
-        return _stats_row(self.partition, self.file_id, name, "base", self.storage.size(path), rows.num_rows,
-                          counts, indexes)
+        written = write_base_file(self.storage, self.task.root, self.config, self.task.instant, self.partition,
+                                  self.file_id, rows)
+        return {**written, **counts}
 
     def _write_log(self, rows: pa.Table, counts: dict[str, int]) -> dict:
         key = (self.partition, self.file_id)
         base_instant = self.task.log_base_instants.get(key, self.slice.base_instant)
         version = 1 + max((lf.version for lf in self.slice.logs if lf.base_instant == base_instant), default=0)
         lf = LogFile(self.file_id, base_instant, version, f"{self.task.instant}-{new_write_token()}")
-        path = self._new_file(lf.file_name)
+        path = new_file(self.storage, self.task.root, self.task.instant, self.partition, lf.file_name)
         schema = self.config.log_schema
         if DELETED_COLUMN not in rows.column_names:
             rows = rows.append_column(DELETED_COLUMN, pa.array(np.zeros(rows.num_rows, dtype=bool)))
