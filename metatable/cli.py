@@ -182,7 +182,7 @@ def _write(args: argparse.Namespace, operation: str) -> None:
     data: Any = read_input(args.file, args.format)
     if args.spark:
         from .spark_pipeline import spark_session
-        data = spark_session().createDataFrame(data.to_pandas())
+        data = spark_session().createDataFrame(data)
     result = getattr(table, operation)(data)
     print(f"{operation} {result.instant}: {result.inserted} inserted, {result.updated} updated, "
           f"{result.deleted} deleted, {result.skipped} skipped, {result.files_written} files in {result.seconds:.2f}s")

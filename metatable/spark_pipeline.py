@@ -104,11 +104,11 @@ def write_dataframe(task: WriteTask, df) -> pa.Table:
 
 
 def unwrap_spark_error(e: Exception) -> Exception:
+    """Executors raise InvalidInputError for bad rows (null keys); Spark wraps it in its own exception."""
     text = str(e)
-    for cls in (InvalidInputError,):
-        m = re.search(rf"{cls.__name__}: (.+)", text)
-        if m:
-            return cls(m.group(1).strip())
+    m = re.search(r"InvalidInputError: (.+)", text)
+    if m:
+        return InvalidInputError(m.group(1).strip())
     first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
     return MetatableError(f"the Spark job failed: {first}")
 
