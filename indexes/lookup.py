@@ -77,12 +77,13 @@ def bloom_survivors(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarr
     hashes[used] = key_hashes([keys[i] for i in used])  # each candidate key hashed once
     keep = np.ones(len(key_idx), dtype=bool)
     unfiltered = 0
-    for index in np.unique(file_idx):
+    order = np.argsort(file_idx, kind="stable")
+    files, starts = np.unique(file_idx[order], return_index=True)
+    for index, pairs in zip(files, np.split(order, starts[1:])):
         bloom = blooms.get(int(index))
         if bloom is None:
             unfiltered += 1
             continue
-        pairs = np.flatnonzero(file_idx == index)
         keep[pairs] = bloom.might_contain(hashes=hashes[key_idx[pairs]])
     return key_idx[keep], file_idx[keep], unfiltered
 
@@ -93,16 +94,24 @@ def lookup(keys: Sequence[str], files: Sequence[CandidateFile],
     """Locate `keys` among `files`. `load_blooms(file indexes)` fetches the level-1 survivors' filters in
     one batch; `verify(file index, key indexes)` says which of those keys the file really holds."""
     n = len(keys)
-    k1, f1, unranged = range_candidates(keys, files)
-    levels = [LevelReport("1 key ranges", n, n * len(files), len(np.unique(k1)), len(k1), unranged)]
-    blooms = load_blooms(sorted(int(i) for i in np.unique(f1)))
-    k2, f2, unfiltered = bloom_survivors(keys, k1, f1, blooms)
-    levels.append(LevelReport("2 bloom filters", len(np.unique(k1)), len(k1), len(np.unique(k2)), len(k2),
-                              unfiltered))
+    key_idx, file_idx, unranged = range_candidates(keys, files)
+    first = LevelReport("1 key ranges", n, n * len(files), len(np.unique(key_idx)), len(key_idx), unranged)
+    return filter_and_verify(keys, key_idx, file_idx, first, load_blooms, verify)
+
+
+def filter_and_verify(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarray, first: LevelReport,
+                      load_blooms: Callable[[list[int]], Mapping[int, BloomFilter | None]],
+                      verify: Callable[[int, np.ndarray], np.ndarray]) -> LookupResult:
+    """Levels 2 and 3 over the candidate (key, file) pairs that level 1 (`first`) let through. A key that
+    several files hold is reported in the first of them."""
+    blooms = load_blooms(sorted(int(i) for i in np.unique(file_idx)))
+    k2, f2, unfiltered = bloom_survivors(keys, key_idx, file_idx, blooms)
+    levels = [first, LevelReport("2 bloom filters", len(np.unique(key_idx)), len(key_idx), len(np.unique(k2)),
+                                 len(k2), unfiltered)]
     found: dict[int, int] = {}
     for index in np.unique(f2):
         pairs = k2[f2 == index]
         for key_index in pairs[verify(int(index), pairs)]:
-            found[int(key_index)] = int(index)
+            found.setdefault(int(key_index), int(index))
     levels.append(LevelReport("3 file check", len(np.unique(k2)), len(k2), len(found), len(found)))
     return LookupResult(found, levels)

@@ -114,8 +114,12 @@ class MetadataTable:
         return cls(root, **kwargs)
 
     def refresh(self) -> None:
-        """See everything completed up to now; a table object keeps its view until this is called."""
-        self.snapshot = self._snapshot()
+        """See everything completed up to now; a table object keeps its view until this is called. When
+        nothing was completed since, the decoded log records are kept (what is readable is unchanged)."""
+        snapshot = self._snapshot()
+        if snapshot == getattr(self, "snapshot", None):
+            return
+        self.snapshot = snapshot
         self._groups: dict[tuple[str, int], MetadataFileGroup] = {}
         self._listings: dict[str, list[str]] = {}
 

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from .data_log import read_data_log
 from .file_slice import FileSlice
+from .key_pages import key_pages
 from .record_merge import merge_versions
 from .storage import Storage
 from .table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
@@ -68,6 +69,20 @@ class SortedKeys:
         return hit
 
 
+def base_keys_present(path: str, candidates: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, int]:
+    """Which candidates the base file holds, and the bytes read to tell: one key page per candidate when
+    the file has a key page index and the candidates are few next to its pages, else the key column."""
+    pages = key_pages(path)
+    if pages is not None and len(candidates) <= pages.page_count // 2:
+        return pages.contains(candidates.to_pylist())
+    parquet = pq.ParquetFile(path)
+    column = parquet.read(columns=[KEY_COLUMN])[KEY_COLUMN]
+    leaf = [parquet.schema.column(i).path for i in range(len(parquet.schema))].index(KEY_COLUMN)
+    read = sum(parquet.metadata.row_group(i).column(leaf).total_compressed_size
+               for i in range(parquet.metadata.num_row_groups))
+    return members(candidates, column), read
+
+
 def live_mask(storage: Storage, root: str, config: TableConfig, fs: FileSlice | None,
               candidates: pa.Array | pa.ChunkedArray, in_base: np.ndarray | None = None) -> np.ndarray:
     """Which candidate keys are live in the slice. Only the logs (small) are merged; the base's key
@@ -78,8 +93,7 @@ def live_mask(storage: Storage, root: str, config: TableConfig, fs: FileSlice | 
         return np.zeros(n, dtype=bool)
     path = base_path(root, fs)
     if in_base is None:
-        in_base = members(candidates, pq.read_table(path, columns=[KEY_COLUMN])[KEY_COLUMN]) if path \
-            else np.zeros(n, dtype=bool)
+        in_base = base_keys_present(path, candidates)[0] if path else np.zeros(n, dtype=bool)
     if not fs.logs:
         return in_base
     logs = log_tables(storage, root, config, fs, [KEY_COLUMN, DELETED_COLUMN])

@@ -173,7 +173,10 @@ class Table:
             if fs.base:
                 names.setdefault(partition, []).append(fs.base.file_name)
                 sizes.setdefault(partition, {})[file_id] = recorded[partition][fs.base.file_name]
-        ranges = {p: index.ranges(p, n) for p, n in names.items()}
+        pinned = index.ranges([(p, n) for p, ns in names.items() for n in ns])
+        ranges: dict[str, dict[str, tuple]] = {p: {} for p in names}
+        for (p, n), bounds in pinned.items():
+            ranges[p][n] = bounds
         if operation == "delete":
             return BloomPlan(ranges, {})
         counts = self._partition_counts(data)

@@ -21,11 +21,12 @@ from indexes.arrow_keys import bucket_ids, partition_paths, record_keys
 from indexes.bucket import bucket_file_id
 from indexes.bloom import BloomFilter
 from indexes.keys import bloom_filter_key, column_stats_key
-from indexes.lookup import CandidateFile, LevelReport, lookup
+from indexes.lookup import CandidateFile, LevelReport, filter_and_verify, lookup
 
 from .errors import InvalidInputError
 from .file_slice import FileSlice
-from .slice_reader import SortedKeys, base_path, live_mask, log_tables, members
+from .key_pages import key_pages
+from .slice_reader import SortedKeys, base_keys_present, base_path, live_mask, log_tables, members
 from .storage import Storage
 from .table_config import KEY_COLUMN, TableConfig
 
@@ -41,6 +42,8 @@ class Explain:
     index: str
     levels: dict[str, LevelReport] = field(default_factory=dict)
     log_candidates: int = 0
+    base_files_read: int = 0
+    base_bytes_read: int = 0
 
     def add(self, report: LevelReport) -> None:
         mine = self.levels.setdefault(report.level, LevelReport(report.level))
@@ -49,7 +52,11 @@ class Explain:
 
     def as_dict(self) -> dict[str, Any]:
         return {"index": self.index, "levels": [r.as_dict() for r in self.levels.values()],
-                "log_candidates": self.log_candidates}
+                "log_candidates": self.log_candidates, "base_files_read": self.base_files_read,
+                "base_bytes_read": self.base_bytes_read}
+
+
+FileRef = tuple[str, str]  # (partition, base file name)
 
 
 class MetadataIndex:
@@ -59,126 +66,142 @@ class MetadataIndex:
     def __init__(self, metadata: MetadataTable, config: TableConfig) -> None:
         self.metadata = metadata
         self.config = config
-        self._blooms: dict[str, BloomFilter | None] = {}
+        self._blooms: dict[FileRef, BloomFilter | None] = {}
 
-    def ranges(self, partition: str, names: Sequence[str]) -> dict[str, KeyRange]:
-        if "column_stats" not in self.config.metadata_indexes or not names:
+    def ranges(self, files: Sequence[FileRef]) -> dict[FileRef, KeyRange]:
+        if "column_stats" not in self.config.metadata_indexes or not files:
             return {}
-        stats = self.metadata.get_many("column_stats", [column_stats_key(KEY_COLUMN, partition, n) for n in names])
-        return {r["file_name"]: (r["min_value"], r["max_value"]) for r in stats.values()}
+        keys = {column_stats_key(KEY_COLUMN, p, n): (p, n) for p, n in files}
+        stats = self.metadata.get_many("column_stats", list(keys))
+        return {keys[k]: (r["min_value"], r["max_value"]) for k, r in stats.items()}
 
-    def blooms(self, partition: str, names: Sequence[str]) -> dict[str, BloomFilter | None]:
+    def blooms(self, files: Sequence[FileRef]) -> dict[FileRef, BloomFilter | None]:
         if "bloom_filter" not in self.config.metadata_indexes:
             return {}
-        missing = [n for n in names if n not in self._blooms]
+        missing = {bloom_filter_key(p, n): (p, n) for p, n in files if (p, n) not in self._blooms}
         if missing:
-            keys = {bloom_filter_key(partition, n): n for n in missing}
-            records = self.metadata.get_many("bloom_filter", list(keys))
-            for key, name in keys.items():
-                self._blooms[name] = BloomFilter.from_bytes(records[key]["bloom_filter"], name) \
+            records = self.metadata.get_many("bloom_filter", list(missing))
+            for key, ref in missing.items():
+                self._blooms[ref] = BloomFilter.from_bytes(records[key]["bloom_filter"], ref[1]) \
                     if key in records else None
-        return {n: self._blooms[n] for n in names}
+        return {ref: self._blooms[ref] for ref in files}
 
 
 class SliceLocator:
     """Finds keys among a fixed set of file slices (one snapshot)."""
 
     def __init__(self, storage: Storage, root: str, config: TableConfig, slices: Mapping[tuple[str, str], FileSlice],
-                 ranges: Callable[[str, Sequence[str]], Mapping[str, KeyRange]],
-                 blooms: Callable[[str, Sequence[str]], Mapping[str, BloomFilter | None]],
+                 ranges: Callable[[Sequence[FileRef]], Mapping[FileRef, KeyRange]],
+                 blooms: Callable[[Sequence[FileRef]], Mapping[FileRef, BloomFilter | None]],
                  cache_base_keys: int = 0) -> None:
         self.storage, self.root, self.config = storage, root, config
         self.ranges, self.blooms = ranges, blooms
         self.cache_base_keys = cache_base_keys  # how many base files' sorted keys to keep (0: read each time)
         self._base_keys: OrderedDict[str, SortedKeys] = OrderedDict()
-        self.by_partition: dict[str, dict[str, FileSlice]] = defaultdict(dict)
-        for (partition, file_id), fs in slices.items():
-            self.by_partition[partition][file_id] = fs
+        self.by_partition: dict[str, list[FileSlice]] = defaultdict(list)
+        for key in sorted(slices):
+            self.by_partition[key[0]].append(slices[key])
 
-    def verify(self, fs: FileSlice, keys: list[str]) -> np.ndarray:
+    def verify(self, fs: FileSlice, keys: list[str], explain: Explain) -> np.ndarray:
+        """Which keys are live in the slice: the base probed page by page (few keys) or through its whole
+        key column (kept sorted in memory when caching), then the logs."""
+        candidates = pa.array(keys, pa.string())
         in_base = None
-        if self.cache_base_keys and fs.base:
+        if fs.base:
             path = base_path(self.root, fs)
-            cached = self._base_keys.pop(path, None) or SortedKeys(path)
-            self._base_keys[path] = cached
-            while len(self._base_keys) > self.cache_base_keys:
-                self._base_keys.popitem(last=False)
-            in_base = cached.contains(keys)
-        return live_mask(self.storage, self.root, self.config, fs, pa.array(keys, pa.string()), in_base)
+            cached = self._base_keys.pop(path, None)
+            if cached is None and self.cache_base_keys and len(keys) > self._page_limit(path):
+                cached = SortedKeys(path)
+            if cached is not None:
+                self._base_keys[path] = cached
+                while len(self._base_keys) > self.cache_base_keys:
+                    self._base_keys.popitem(last=False)
+                in_base = cached.contains(keys)
+            else:
+                in_base, read = base_keys_present(path, candidates)
+                explain.base_files_read += 1
+                explain.base_bytes_read += read
+        return live_mask(self.storage, self.root, self.config, fs, candidates, in_base)
 
-    def in_partition(self, partition: str, keys: list[str], explain: Explain) -> dict[int, str]:
-        """key index -> file id, for the keys found in `partition`."""
-        group = self.by_partition.get(partition, {})
-        with_base = [fs for fs in group.values() if fs.base]
-        names = [fs.base.file_name for fs in with_base]
-        known = self.ranges(partition, names)
-        files = [CandidateFile(nm, *known.get(nm, (None, None))) for nm in names]
+    @staticmethod
+    def _page_limit(path: str) -> int:
+        pages = key_pages(path)
+        return pages.page_count // 2 if pages is not None else 0
+
+    def find(self, keys: list[str], partitions: Sequence[str], use_buckets: bool,
+             explain: Explain) -> dict[int, FileSlice]:
+        """key index -> the slice holding it, searching `partitions` in order (the first one wins)."""
+        with_base = [fs for p in partitions for fs in self.by_partition.get(p, []) if fs.base]
+        refs = [(fs.partition, fs.base.file_name) for fs in with_base]
 
         def load_blooms(indexes: list[int]) -> dict[int, BloomFilter | None]:
-            found = self.blooms(partition, [names[i] for i in indexes])
-            return {i: found.get(names[i]) for i in indexes}
+            found = self.blooms([refs[i] for i in indexes])
+            return {i: found.get(refs[i]) for i in indexes}
 
         def verify(index: int, key_indexes: np.ndarray) -> np.ndarray:
-            return self.verify(with_base[index], [keys[i] for i in key_indexes])
+            return self.verify(with_base[index], [keys[i] for i in key_indexes], explain)
 
-        result = lookup(keys, files, load_blooms, verify)
+        if use_buckets:
+            key_idx, file_idx = self._bucket_candidates(keys, with_base)
+            n = len(keys)
+            first = LevelReport("1 bucket", n, n * len(partitions), len(np.unique(key_idx)), len(key_idx))
+            result = filter_and_verify(keys, key_idx, file_idx, first, load_blooms, verify)
+        else:
+            known = self.ranges(refs)
+            files = [CandidateFile(ref[1], *known.get(ref, (None, None))) for ref in refs]
+            result = lookup(keys, files, load_blooms, verify)
         for report in result.levels:
             explain.add(report)
-        found = {k: with_base[f].file_id for k, f in result.file_of.items()}
+        found = {k: with_base[f] for k, f in result.file_of.items()}
+        self._find_in_logs(keys, partitions, found, explain)
+        return found
+
+    def _bucket_candidates(self, keys: list[str], with_base: list[FileSlice]) -> tuple[np.ndarray, np.ndarray]:
+        """Each key paired with its bucket's file group in every partition that has one."""
+        buckets = bucket_ids(pa.array(keys, pa.string()), self.config.index.num_buckets) if keys \
+            else np.zeros(0, dtype=np.int64)
+        where = {(fs.partition, fs.file_id): i for i, fs in enumerate(with_base)}
+        key_parts, file_parts = [], []
+        for partition in dict.fromkeys(fs.partition for fs in with_base):
+            slot = np.array([where.get((partition, bucket_file_id(b)), -1)
+                             for b in range(self.config.index.num_buckets)])[buckets]
+            key_parts.append(np.flatnonzero(slot >= 0))
+            file_parts.append(slot[slot >= 0])
+        if not key_parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(key_parts), np.concatenate(file_parts)
+
+    def _find_in_logs(self, keys: list[str], partitions: Sequence[str], found: dict[int, FileSlice],
+                      explain: Explain) -> None:
+        """Merge-on-read: keys that only logs know of (inserted after the base, so absent from its index)."""
         candidates = pa.array(keys, pa.string())
-        for fs in group.values():  # merge-on-read: keys that only logs know of
-            if not fs.logs:
-                continue
+        for fs in (fs for p in partitions for fs in self.by_partition.get(p, []) if fs.logs):
             touched = pa.concat_tables(log_tables(self.storage, self.root, self.config, fs, [KEY_COLUMN]))[KEY_COLUMN]
             mentioned = [int(i) for i in np.flatnonzero(members(candidates, touched)) if int(i) not in found]
             explain.log_candidates += len(mentioned)
             if mentioned:
-                alive = np.array(mentioned)[self.verify(fs, [keys[i] for i in mentioned])]
-                found.update({int(i): fs.file_id for i in alive})
-        return found
-
-    def by_bucket(self, partition: str, keys: list[str], buckets: np.ndarray, explain: Explain) -> dict[int, str]:
-        group = self.by_partition.get(partition, {})
-        found: dict[int, str] = {}
-        report = LevelReport("1 bucket", len(keys), len(keys))
-        check = LevelReport("3 file check")
-        for b in np.unique(buckets):
-            local = np.flatnonzero(buckets == b)
-            fs = group.get(bucket_file_id(int(b)))
-            if fs is None:
-                continue
-            report.keys_out += len(local)
-            report.pairs_out += len(local)
-            check.keys_in += len(local)
-            check.pairs_in += len(local)
-            hits = local[self.verify(fs, [keys[i] for i in local])]
-            found.update({int(i): fs.file_id for i in hits})
-        check.keys_out = check.pairs_out = len(found)
-        explain.add(report)
-        explain.add(check)
-        return found
+                alive = np.array(mentioned)[self.verify(fs, [keys[i] for i in mentioned], explain)]
+                found.update({int(i): fs for i in alive})
 
     def locate(self, keys: list[str], partitions: list[str] | None, use_buckets: bool,
                explain: Explain) -> tuple[list[str | None], list[str | None]]:
-        """(partition, file id) of every key, None where absent; without `partitions`, search them all."""
+        """(partition, file id) of every key, None where absent; without `partitions`, search them all (the
+        first partition in sorted order that holds a key wins)."""
         n = len(keys)
         out_partition = np.full(n, None, dtype=object)
         out_file = np.full(n, None, dtype=object)
-        buckets = bucket_ids(pa.array(keys, pa.string()), self.config.index.num_buckets) if use_buckets and n \
-            else np.zeros(n, dtype=np.int64)
-        given = np.array(partitions, dtype=object) if partitions is not None else None
-        for partition in sorted(self.by_partition):
-            open_keys = np.equal(out_file, None)
-            wanted = np.flatnonzero(open_keys if given is None else open_keys & (given == partition))
-            if not len(wanted):
-                continue
-            part_keys = [keys[i] for i in wanted]
-            found = self.by_bucket(partition, part_keys, buckets[wanted], explain) if use_buckets else \
-                self.in_partition(partition, part_keys, explain)
+        if partitions is None:
+            scopes = {None: np.arange(n)}
+        else:
+            given = np.array(partitions, dtype=object)
+            scopes = {p: np.flatnonzero(given == p) for p in dict.fromkeys(partitions)}
+        for scope, wanted in scopes.items():
+            searched = sorted(self.by_partition) if scope is None else [scope]
+            found = self.find([keys[i] for i in wanted], searched, use_buckets, explain)
             if found:
                 hits = wanted[np.fromiter(found, dtype=np.int64, count=len(found))]
-                out_partition[hits] = partition
-                out_file[hits] = list(found.values())
+                out_partition[hits] = [fs.partition for fs in found.values()]
+                out_file[hits] = [fs.file_id for fs in found.values()]
         return out_partition.tolist(), out_file.tolist()
 
 

@@ -78,8 +78,8 @@ class BloomTagger(Tagger):
             index = MetadataIndex(metadata, self.config)
             ranges = self.task.bloom.ranges
 
-            def pinned_ranges(partition: str, names) -> dict:
-                return {n: ranges[partition][n] for n in names if n in ranges.get(partition, {})}
+            def pinned_ranges(files) -> dict:
+                return {(p, n): ranges[p][n] for p, n in files if n in ranges.get(p, {})}
             self._cached = SliceLocator(storage, root, self.config, self.task.slices, pinned_ranges, index.blooms,
                                         cache_base_keys=BASE_KEY_CACHE_FILES)
         return self._cached

@@ -24,6 +24,7 @@ from .base_file import BaseFile, new_write_token
 from .data_log import write_data_log
 from .errors import InvalidInputError
 from .file_slice import FileSlice
+from .key_pages import nul_free_metadata, write_options
 from .log_file import LogFile
 from .markers import mark
 from .record_merge import dedupe_batch, merge_versions
@@ -126,16 +127,21 @@ def new_file(storage: Storage, root: str, instant: str, partition: str, name: st
 
 def write_base_file(storage: Storage, root: str, config: TableConfig, instant: str, partition: str, file_id: str,
                     rows: pa.Table) -> dict:
-    """Write `rows` as a new Parquet base file of the file group (marked, staged, published); returns its
-    statistics row: name, size, row count and what the metadata table indexes for it."""
+    """Write `rows` as a new Parquet base file of the file group (marked, staged, published), sorted by
+    record key so that lookups read one key page (`key_pages`); returns its statistics row: name, size,
+    row count and what the metadata table indexes for it."""
     name = BaseFile(file_id, new_write_token(), instant, PARQUET).file_name
     path = new_file(storage, root, instant, partition, name)
     storage.makedirs(os.path.dirname(path))
     staged = storage.staging_path(path)
     collected: list[pq.FileMetaData] = []
-    compression = config.options["write.parquet.compression"]
-    pq.write_table(rows, storage.local_path(staged), compression=None if compression == "none" else compression,
-                   metadata_collector=collected)
+    options = config.options
+    rows = rows.take(pc.sort_indices(rows[KEY_COLUMN]))
+    rows = rows.replace_schema_metadata({**(rows.schema.metadata or {}), **nul_free_metadata(rows[KEY_COLUMN])})
+    pq.write_table(rows, storage.local_path(staged), metadata_collector=collected,
+                   sorting_columns=[pq.SortingColumn(rows.column_names.index(KEY_COLUMN))],
+                   **write_options(rows.column_names, options["write.parquet.compression"],
+                                   options["write.parquet.key_compression"], options["write.parquet.page_rows"]))
     storage.publish(staged, path)
     indexes = base_file_indexes(config, rows, partition, name, collected[0] if collected else None)
     return _stats_row(partition, file_id, name, "base", storage.size(path), rows.num_rows,

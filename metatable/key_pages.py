@@ -1,0 +1,189 @@
+"""Point lookups in a base file's record-key column, reading one Parquet page per key.
+
+Base files are written sorted by record key, with a page index and the key column PLAIN-encoded in
+small pages (see `write_options`). The page index gives every key page's [min, max] and byte range,
+so checking whether a file holds a key reads only the one page whose range admits it: a few KB
+instead of the whole key column. pyarrow does not expose the page index, so the footer, the index
+and the page headers are decoded here (`thrift_compact`).
+
+Inside a page, a key is searched for as its PLAIN encoding (4-byte little-endian length, then the
+bytes) with `bytes.find`, which is exact when the key is 1-255 bytes without NUL and the file's keys
+have no NUL and are shorter than 2^24 bytes (the writer records this as `KEYS_NUL_FREE`): then a
+length prefix [m, 0, 0, 0] followed by a non-zero byte can only start at a value boundary, because the
+only zero bytes are the top bytes of length prefixes. Any other case decodes the page value by value.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import CorruptFileError
+from .table_config import KEY_COLUMN
+from .thrift_compact import read_struct
+
+KEYS_NUL_FREE = b"metatable.keys_nul_free"
+_CODECS = {0: None, 1: "snappy", 2: "gzip", 4: "brotli", 6: "zstd", 7: "lz4_raw"}
+_DATA_PAGE, _DATA_PAGE_V2 = 0, 3
+_PLAIN, _RLE = 0, 3
+_ASCENDING = 1
+_OPTIONAL = 1
+
+
+def write_options(column_names: Sequence[str], compression: str, key_compression: str,
+                  page_rows: int) -> dict[str, Any]:
+    """`pq.write_table` options that make the key column searchable page by page: a page index, small
+    pages, the key column PLAIN (unique keys gain nothing from a dictionary) with its own codec."""
+    codecs = {name: compression for name in column_names}
+    codecs[KEY_COLUMN] = key_compression
+    return {"compression": codecs, "use_dictionary": [n for n in column_names if n != KEY_COLUMN],
+            "write_page_index": True, "max_rows_per_page": page_rows}
+
+
+def nul_free_metadata(keys: pa.ChunkedArray | pa.Array) -> dict[bytes, bytes]:
+    """The footer entry that allows the fast in-page search (see the module docstring)."""
+    if len(keys) == 0:
+        return {KEYS_NUL_FREE: b"true"}
+    longest = pc.max(pc.binary_length(keys)).as_py()
+    has_nul = pc.any(pc.match_substring(keys, "\x00")).as_py()
+    return {KEYS_NUL_FREE: b"true" if longest < 1 << 24 and not has_nul else b"false"}
+
+
+@dataclass(frozen=True)
+class KeyPages:
+    """Where each page of a file's key column lies and which keys it may hold."""
+
+    path: str
+    mins: tuple[bytes, ...]  # ascending, like the maxima
+    maxs: tuple[bytes, ...]
+    offsets: tuple[int, ...]  # byte offset of each page (header included)
+    sizes: tuple[int, ...]
+    codec: str | None
+    optional: bool  # the column has definition levels
+    nul_free: bool
+
+    @property
+    def page_count(self) -> int:
+        return len(self.offsets)
+
+    def candidate_pages(self, key: bytes) -> range:
+        return range(bisect.bisect_left(self.maxs, key), bisect.bisect_right(self.mins, key))
+
+    def contains(self, keys: Sequence[str]) -> tuple[np.ndarray, int]:
+        """Which keys the file holds, and the bytes read to tell."""
+        found = np.zeros(len(keys), dtype=bool)
+        wanted = [k.encode() for k in keys]
+        by_page: dict[int, list[int]] = {}
+        for i, key in enumerate(wanted):
+            for page in self.candidate_pages(key):
+                by_page.setdefault(page, []).append(i)
+        read = 0
+        descriptor = os.open(self.path, os.O_RDONLY)
+        try:
+            for page, indexes in sorted(by_page.items()):
+                raw = os.pread(descriptor, self.sizes[page], self.offsets[page])
+                read += len(raw)
+                values, count = self._values(raw)
+                decoded: set[bytes] | None = None
+                for i in indexes:
+                    key = wanted[i]
+                    if self.nul_free and 0 < len(key) < 256 and b"\x00" not in key:
+                        found[i] = values.find(len(key).to_bytes(4, "little") + key) >= 0
+                    else:
+                        decoded = decoded if decoded is not None else set(plain_values(values, count, self.path))
+                        found[i] = key in decoded
+        finally:
+            os.close(descriptor)
+        return found, read
+
+    def _values(self, raw: bytes) -> tuple[bytes, int]:
+        """The PLAIN-encoded values of one data page and how many there are."""
+        header, start = read_struct(raw, 0, self.path)
+        kind, stored, size = header.get(1), header.get(3), header.get(2)
+        if stored is None or start + stored > len(raw):
+            raise CorruptFileError(self.path, "a key page is shorter than its header says")
+        body = raw[start:start + stored]
+        if kind == _DATA_PAGE:
+            count = header[5][1]
+            data = _decompress(body, size, self.codec, self.path)
+            if self.optional:  # v1: RLE definition levels, prefixed by their byte length
+                data = data[4 + int.from_bytes(data[:4], "little"):]
+            return data, count
+        if kind == _DATA_PAGE_V2:
+            v2 = header[8]
+            levels = v2.get(5, 0) + v2.get(6, 0)
+            data = body[levels:]
+            if v2.get(7, True):
+                data = _decompress(data, size - levels, self.codec, self.path)
+            return data, v2[1] - v2.get(2, 0)
+        raise CorruptFileError(self.path, f"page at the key column's page index is of type {kind}, not a data page")
+
+
+def _decompress(data: bytes, size: int, codec: str | None, path: str) -> bytes:
+    if codec is None:
+        return data
+    try:
+        return pa.decompress(data, size, codec=codec, asbytes=True)
+    except (OSError, pa.ArrowException) as e:
+        raise CorruptFileError(path, f"cannot decompress a key page: {e}") from e
+
+
+def plain_values(data: bytes, count: int, path: str) -> list[bytes]:
+    """Decode PLAIN byte arrays one by one (the slow path)."""
+    values = []
+    position = 0
+    for _ in range(count):
+        length = int.from_bytes(data[position:position + 4], "little")
+        position += 4
+        if position + length > len(data):
+            raise CorruptFileError(path, "a key page ends inside a value")
+        values.append(data[position:position + length])
+        position += length
+    return values
+
+
+@functools.lru_cache(maxsize=4096)
+def key_pages(path: str) -> KeyPages | None:
+    """The page index of `path`'s key column, or None where it cannot serve lookups (no page index, a
+    dictionary-encoded or unsorted key column: files written before it existed); then callers read the
+    whole column. Cached: a base file never changes once written and its name is never reused."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        tail = os.pread(f.fileno(), 8, size - 8)
+        if len(tail) < 8 or tail[4:] != b"PAR1":
+            raise CorruptFileError(path, "not a Parquet file (no PAR1 footer)")
+        length = int.from_bytes(tail[:4], "little")
+        footer, _ = read_struct(os.pread(f.fileno(), length, size - 8 - length), 0, path)
+        schema = footer.get(2, [])
+        leaves = [element for element in schema[1:] if not element.get(5)]
+        names = [element.get(4) for element in leaves]
+        if KEY_COLUMN.encode() not in names:
+            return None
+        column = names.index(KEY_COLUMN.encode())
+        nul_free = any(kv.get(1) == KEYS_NUL_FREE and kv.get(2) == b"true" for kv in footer.get(5, []))
+        mins, maxs, offsets, sizes = [], [], [], []
+        codec = None
+        for row_group in footer.get(4, []):
+            chunk = row_group[1][column]
+            meta = chunk.get(3, {})
+            if 4 not in chunk or 6 not in chunk or set(meta.get(2, ())) - {_PLAIN, _RLE} or meta.get(4) not in _CODECS:
+                return None  # no page index, or not PLAIN (RLE encodes definition levels)
+            codec = _CODECS[meta[4]]
+            column_index, _ = read_struct(os.pread(f.fileno(), chunk[7], chunk[6]), 0, path)
+            offset_index, _ = read_struct(os.pread(f.fileno(), chunk[5], chunk[4]), 0, path)
+            if column_index.get(4) != _ASCENDING and len(column_index.get(2, [])) > 1:
+                return None
+            mins += column_index[2]
+            maxs += column_index[3]
+            offsets += [location[1] for location in offset_index[1]]
+            sizes += [location[2] for location in offset_index[1]]
+    if mins != sorted(mins) or maxs != sorted(maxs):
+        return None  # several row groups, each sorted, but not the file as a whole
+    return KeyPages(path, tuple(mins), tuple(maxs), tuple(offsets), tuple(sizes), codec,
+                    leaves[column].get(3) == _OPTIONAL, nul_free)

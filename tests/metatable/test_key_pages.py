@@ -1,0 +1,117 @@
+"""Page-level key lookups against plain set membership, on files laid out as base files are."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from metatable.errors import CorruptFileError
+from metatable.key_pages import KEYS_NUL_FREE, key_pages, nul_free_metadata, write_options
+from metatable.slice_reader import base_keys_present
+from metatable.table_config import KEY_COLUMN
+
+COUNTER = iter(range(10 ** 9))
+
+
+def write_keys(directory, keys: list[str], *, codec: str = "lz4_raw", page_rows: int = 4,
+               nullable: bool = True, row_group_size: int | None = None, version: str = "1.0") -> str:
+    """A file sorted and encoded like a base file, with one payload column."""
+    path = str(directory / f"f{next(COUNTER)}.parquet")
+    field = pa.field(KEY_COLUMN, pa.string(), nullable=nullable)
+    table = pa.table({KEY_COLUMN: pa.array(keys, pa.string()), "payload": pa.array(range(len(keys)))})
+    table = table.cast(pa.schema([field, pa.field("payload", pa.int64())]))
+    table = table.take(pc.sort_indices(table[KEY_COLUMN]))
+    table = table.replace_schema_metadata(nul_free_metadata(table[KEY_COLUMN]))
+    pq.write_table(table, path, row_group_size=row_group_size, data_page_version=version,
+                   **write_options(table.column_names, "zstd", codec, page_rows))
+    return path
+
+
+texts = st.text(alphabet=st.characters(codec="utf-8"), min_size=1, max_size=12)
+# long keys and keys built from other keys' PLAIN encodings, which fool a naive search
+tricky = st.builds(lambda k, n: f"x{chr(len(k.encode()))}\x00\x00\x00{k}" * n, texts, st.integers(1, 2))
+keys_st = st.lists(st.one_of(texts, tricky, st.text(min_size=250, max_size=300)), min_size=1, max_size=60,
+                   unique=True)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keys=keys_st, probes=st.lists(texts, max_size=20), data=st.data())
+def test_contains_equals_set_membership(tmp_path, keys, probes, data):
+    codec = data.draw(st.sampled_from(["lz4_raw", "zstd", "snappy", "none"]))
+    path = write_keys(tmp_path, keys, codec=codec, page_rows=data.draw(st.integers(1, 8)),
+                      nullable=data.draw(st.booleans()), row_group_size=data.draw(st.sampled_from([None, 7])),
+                      version=data.draw(st.sampled_from(["1.0", "2.0"])))
+    present = data.draw(st.lists(st.sampled_from(keys), max_size=10))
+    # prefixes and suffixes of stored keys sit right next to them in the pages
+    near = [k[:-1] for k in present if len(k) > 1] + [k + "\x00" for k in present] + [k[1:] for k in present]
+    wanted = list(dict.fromkeys(present + probes + [n for n in near if n]))
+    pages = key_pages(path)
+    assert pages is not None
+    found, read = pages.contains(wanted)
+    stored = set(keys)
+    assert found.tolist() == [k in stored for k in wanted]
+    touched = {page for k in wanted for page in pages.candidate_pages(k.encode())}
+    assert read == sum(pages.sizes[p] for p in touched)  # each page whose range admits a key, once
+
+
+def test_the_fast_search_is_only_used_on_nul_free_files(tmp_path):
+    clean = write_keys(tmp_path, ["a", "b", "c"])
+    hidden = "\x03\x00\x00\x00abc"  # the PLAIN encoding of "abc" inside another key
+    tricky = write_keys(tmp_path, ["a", "b", hidden])
+    assert pq.read_metadata(clean).metadata[KEYS_NUL_FREE] == b"true"
+    assert pq.read_metadata(tricky).metadata[KEYS_NUL_FREE] == b"false"
+    assert key_pages(tricky).contains(["abc", hidden])[0].tolist() == [False, True]
+
+
+def test_reads_one_page_per_key(tmp_path):
+    keys = [f"key-{i:06d}" for i in range(20_000)]
+    path = write_keys(tmp_path, keys, page_rows=100)
+    pages = key_pages(path)
+    assert pages.page_count == 200
+    found, read = pages.contains(["key-000123", "key-019999", "key-0001235", "key-5"])
+    assert found.tolist() == [True, True, False, False]
+    assert read == pages.sizes[1] + pages.sizes[199]  # "key-0001235" shares page 1; "key-5" is past the end
+    column_bytes = pq.read_metadata(path).row_group(0).column(0).total_compressed_size
+    assert read < column_bytes / 50
+
+
+def test_files_without_a_usable_page_index_fall_back_to_the_column(tmp_path):
+    keys = [f"k{i}" for i in range(50)]
+    unsorted = str(tmp_path / "unsorted.parquet")
+    pq.write_table(pa.table({KEY_COLUMN: keys[::-1]}), unsorted, write_page_index=True, max_rows_per_page=5,
+                   use_dictionary=False)
+    dictionary = str(tmp_path / "dictionary.parquet")
+    pq.write_table(pa.table({KEY_COLUMN: keys}), dictionary, write_page_index=True)
+    plain = str(tmp_path / "no_index.parquet")
+    pq.write_table(pa.table({KEY_COLUMN: keys}), plain, use_dictionary=False)
+    for path in (unsorted, dictionary, plain):
+        assert key_pages(path) is None
+        found, read = base_keys_present(path, pa.array(["k7", "k70"]))
+        assert found.tolist() == [True, False] and read > 0
+
+
+def test_many_candidates_read_the_whole_column(tmp_path):
+    keys = [f"k{i:04d}" for i in range(1000)]
+    path = write_keys(tmp_path, keys, page_rows=10)
+    found, read = base_keys_present(path, pa.array(keys[:600] + ["zz"]))
+    assert found.sum() == 600 and not found[-1]
+    assert read == pq.read_metadata(path).row_group(0).column(0).total_compressed_size
+
+
+def test_corrupt_files_name_the_file(tmp_path):
+    path = write_keys(tmp_path, [f"k{i}" for i in range(100)], page_rows=10)
+    pages = key_pages(path)
+    data = bytearray(open(path, "rb").read())
+    page = pages.candidate_pages(b"k35").start
+    start = pages.offsets[page]
+    data[start:start + pages.sizes[page]] = b"\xff" * pages.sizes[page]
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(CorruptFileError, match=str(path)):
+        pages.contains(["k35"])
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"not parquet at all")
+    with pytest.raises(CorruptFileError, match="garbage.parquet"):
+        key_pages(str(garbage))
