@@ -11,10 +11,10 @@ the keys and (key, file) pairs it let through.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
-from .bloom import BloomFilter, key_hashes
+from .bloom import BloomFilterSet, key_hashes
 
 
 @dataclass(frozen=True)
@@ -67,51 +67,68 @@ def range_candidates(keys: Sequence[str], files: Sequence[CandidateFile]) -> tup
     return np.concatenate(key_parts), np.concatenate(file_parts), unranged
 
 
-def bloom_survivors(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarray,
-                    blooms: Mapping[int, BloomFilter | None]) -> tuple[np.ndarray, np.ndarray, int]:
-    """The candidate pairs whose file's bloom filter might contain the key (no filter: kept)."""
+def distinct(indexes: np.ndarray, size: int) -> int:
+    """How many different values in `indexes` (all in [0, size)): a count, not a sort."""
+    return int(np.count_nonzero(np.bincount(indexes, minlength=size))) if len(indexes) else 0
+
+
+def by_file(file_idx: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """(file index, positions of its pairs), file by file (a stable sort: pairs usually come grouped)."""
+    if not len(file_idx):
+        return
+    order = np.argsort(file_idx, kind="stable")
+    ordered = file_idx[order]
+    for part in np.split(order, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1):
+        yield int(file_idx[part[0]]), part
+
+
+Filters = tuple[BloomFilterSet, np.ndarray]  # filters, and the slot of each requested file in them (-1: none)
+LoadFilters = Callable[[list[int]], Filters]
+
+
+def bloom_survivors(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarray, files: Sequence[int],
+                    filters: Filters) -> tuple[np.ndarray, np.ndarray, int]:
+    """The candidate pairs whose file's bloom filter might contain the key (no filter: kept). `filters`
+    are those of `files`, which are all the files of the pairs."""
+    filter_set, slots = filters
     if not len(key_idx):
         return key_idx, file_idx, 0
-    used = np.unique(key_idx)
+    used = np.flatnonzero(np.bincount(key_idx, minlength=len(keys)))
     hashes = np.zeros((len(keys), 2), dtype=np.uint64)
     hashes[used] = key_hashes([keys[i] for i in used])  # each candidate key hashed once
+    slot_of_file = np.full(max(files) + 1, -1, dtype=np.int64)
+    slot_of_file[list(files)] = slots
+    pair_slot = slot_of_file[file_idx]
+    probed = pair_slot >= 0
     keep = np.ones(len(key_idx), dtype=bool)
-    unfiltered = 0
-    order = np.argsort(file_idx, kind="stable")
-    files, starts = np.unique(file_idx[order], return_index=True)
-    for index, pairs in zip(files, np.split(order, starts[1:])):
-        bloom = blooms.get(int(index))
-        if bloom is None:
-            unfiltered += 1
-            continue
-        keep[pairs] = bloom.might_contain(hashes=hashes[key_idx[pairs]])
-    return key_idx[keep], file_idx[keep], unfiltered
+    if probed.any():
+        keep[probed] = filter_set.might_contain(hashes[key_idx[probed]], pair_slot[probed])
+    return key_idx[keep], file_idx[keep], int(np.count_nonzero(slots < 0))
 
 
 def lookup(keys: Sequence[str], files: Sequence[CandidateFile],
-           load_blooms: Callable[[list[int]], Mapping[int, BloomFilter | None]],
-           verify: Callable[[int, np.ndarray], np.ndarray]) -> LookupResult:
-    """Locate `keys` among `files`. `load_blooms(file indexes)` fetches the level-1 survivors' filters in
-    one batch; `verify(file index, key indexes)` says which of those keys the file really holds."""
+           load_filters: LoadFilters, verify: Callable[[int, np.ndarray], np.ndarray]) -> LookupResult:
+    """Locate `keys` among `files`. `load_filters(file indexes)` fetches the level-1 survivors' bloom
+    filters in one batch; `verify(file index, key indexes)` says which of those keys the file holds."""
     n = len(keys)
     key_idx, file_idx, unranged = range_candidates(keys, files)
-    first = LevelReport("1 key ranges", n, n * len(files), len(np.unique(key_idx)), len(key_idx), unranged)
-    return filter_and_verify(keys, key_idx, file_idx, first, load_blooms, verify)
+    first = LevelReport("1 key ranges", n, n * len(files), distinct(key_idx, n), len(key_idx), unranged)
+    return filter_and_verify(keys, key_idx, file_idx, first, load_filters, verify)
 
 
 def filter_and_verify(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarray, first: LevelReport,
-                      load_blooms: Callable[[list[int]], Mapping[int, BloomFilter | None]],
-                      verify: Callable[[int, np.ndarray], np.ndarray]) -> LookupResult:
+                      load_filters: LoadFilters, verify: Callable[[int, np.ndarray], np.ndarray]) -> LookupResult:
     """Levels 2 and 3 over the candidate (key, file) pairs that level 1 (`first`) let through. A key that
     several files hold is reported in the first of them."""
-    blooms = load_blooms(sorted(int(i) for i in np.unique(file_idx)))
-    k2, f2, unfiltered = bloom_survivors(keys, key_idx, file_idx, blooms)
-    levels = [first, LevelReport("2 bloom filters", len(np.unique(key_idx)), len(key_idx), len(np.unique(k2)),
-                                 len(k2), unfiltered)]
+    n = len(keys)
+    files = [index for index, _ in by_file(file_idx)]
+    k2, f2, unfiltered = bloom_survivors(keys, key_idx, file_idx, files, load_filters(files))
+    levels = [first, LevelReport("2 bloom filters", first.keys_out, first.pairs_out, distinct(k2, n), len(k2),
+                                 unfiltered)]
     found: dict[int, int] = {}
-    for index in np.unique(f2):
-        pairs = k2[f2 == index]
-        for key_index in pairs[verify(int(index), pairs)]:
-            found.setdefault(int(key_index), int(index))
-    levels.append(LevelReport("3 file check", len(np.unique(k2)), len(k2), len(found), len(found)))
+    for index, pairs in by_file(f2):
+        candidates = k2[pairs]
+        for key_index in candidates[verify(index, candidates)]:
+            found.setdefault(int(key_index), index)
+    levels.append(LevelReport("3 file check", levels[1].keys_out, len(k2), len(found), len(found)))
     return LookupResult(found, levels)

@@ -61,8 +61,9 @@ OPTIONS: dict[str, Option] = {
                "Parquet codec of the record-key column: a key lookup decompresses one key page, and lz4_raw does "
                "that ~5x faster than zstd for ~2x the bytes of that column (docs/design-notes.md)",
                choices=("lz4_raw", "zstd", "snappy", "gzip", "none")),
-        Option("write.parquet.page_rows", int, 1000,
-               "rows per Parquet data page: a key lookup reads one page of the key column", minimum=1),
+        Option("write.parquet.page_size", int, 8 << 10,
+               "target bytes of a Parquet data page before compression: a key lookup reads one page of the key "
+               "column, so small pages make lookups cheap (docs/design-notes.md)", minimum=1 << 10),
         Option("compaction.inline_every", int, 0,
                "merge-on-read: compact after every N deltacommits (0: only when asked)", minimum=0),
         Option("clean.retain_commits", int, 10,

@@ -29,6 +29,7 @@ from .table_config import KEY_COLUMN
 from .thrift_compact import read_struct
 
 KEYS_NUL_FREE = b"metatable.keys_nul_free"
+WRITE_BATCH_ROWS = 128  # pyarrow cuts pages only between write batches
 _CODECS = {0: None, 1: "snappy", 2: "gzip", 4: "brotli", 6: "zstd", 7: "lz4_raw"}
 _DATA_PAGE, _DATA_PAGE_V2 = 0, 3
 _PLAIN, _RLE = 0, 3
@@ -37,13 +38,14 @@ _OPTIONAL = 1
 
 
 def write_options(column_names: Sequence[str], compression: str, key_compression: str,
-                  page_rows: int) -> dict[str, Any]:
+                  page_size: int) -> dict[str, Any]:
     """`pq.write_table` options that make the key column searchable page by page: a page index, small
-    pages, the key column PLAIN (unique keys gain nothing from a dictionary) with its own codec."""
+    pages (cut at write batches, so batches are small too), the key column PLAIN (unique keys gain
+    nothing from a dictionary) with its own codec."""
     codecs = {name: compression for name in column_names}
     codecs[KEY_COLUMN] = key_compression
     return {"compression": codecs, "use_dictionary": [n for n in column_names if n != KEY_COLUMN],
-            "write_page_index": True, "max_rows_per_page": page_rows}
+            "write_page_index": True, "data_page_size": page_size, "write_batch_size": WRITE_BATCH_ROWS}
 
 
 def nul_free_metadata(keys: pa.ChunkedArray | pa.Array) -> dict[bytes, bytes]:
@@ -77,59 +79,63 @@ class KeyPages:
 
     def contains(self, keys: Sequence[str]) -> tuple[np.ndarray, int]:
         """Which keys the file holds, and the bytes read to tell."""
-        found = np.zeros(len(keys), dtype=bool)
         wanted = [k.encode() for k in keys]
+        found = [False] * len(wanted)
         by_page: dict[int, list[int]] = {}
         for i, key in enumerate(wanted):
-            for page in self.candidate_pages(key):
+            for page in range(bisect.bisect_left(self.maxs, key), bisect.bisect_right(self.mins, key)):
                 by_page.setdefault(page, []).append(i)
         read = 0
         descriptor = os.open(self.path, os.O_RDONLY)
         try:
-            for page, indexes in sorted(by_page.items()):
+            for page in sorted(by_page):
                 raw = os.pread(descriptor, self.sizes[page], self.offsets[page])
                 read += len(raw)
-                values, count = self._values(raw)
+                values, start, count = self._values(raw)
                 decoded: set[bytes] | None = None
-                for i in indexes:
+                for i in by_page[page]:
                     key = wanted[i]
                     if self.nul_free and 0 < len(key) < 256 and b"\x00" not in key:
-                        found[i] = values.find(len(key).to_bytes(4, "little") + key) >= 0
+                        found[i] = values.find(len(key).to_bytes(4, "little") + key, start) >= 0
                     else:
-                        decoded = decoded if decoded is not None else set(plain_values(values, count, self.path))
+                        if decoded is None:
+                            decoded = set(plain_values(values[start:], count, self.path))
                         found[i] = key in decoded
         finally:
             os.close(descriptor)
-        return found, read
+        return np.array(found, dtype=bool), read
 
-    def _values(self, raw: bytes) -> tuple[bytes, int]:
-        """The PLAIN-encoded values of one data page and how many there are."""
+    def _values(self, raw: bytes) -> tuple[bytes, int, int]:
+        """One data page's PLAIN-encoded values: a buffer, where they start in it, and how many."""
         header, start = read_struct(raw, 0, self.path)
         kind, stored, size = header.get(1), header.get(3), header.get(2)
-        if stored is None or start + stored > len(raw):
-            raise CorruptFileError(self.path, "a key page is shorter than its header says")
-        body = raw[start:start + stored]
+        if stored is None or start + stored != len(raw):
+            raise CorruptFileError(self.path, "a key page's length differs from what its header says")
         if kind == _DATA_PAGE:
-            count = header[5][1]
-            data = _decompress(body, size, self.codec, self.path)
+            data = _decompress(raw, start, size, self.codec, self.path) if self.codec else raw
+            values = 0 if self.codec else start
             if self.optional:  # v1: RLE definition levels, prefixed by their byte length
-                data = data[4 + int.from_bytes(data[:4], "little"):]
-            return data, count
+                values += 4 + int.from_bytes(data[values:values + 4], "little")
+            return data, values, header[5][1]
         if kind == _DATA_PAGE_V2:
             v2 = header[8]
-            levels = v2.get(5, 0) + v2.get(6, 0)
-            data = body[levels:]
-            if v2.get(7, True):
-                data = _decompress(data, size - levels, self.codec, self.path)
-            return data, v2[1] - v2.get(2, 0)
+            levels = v2.get(5, 0) + v2.get(6, 0)  # never compressed, counted in both sizes
+            count = v2[1] - v2.get(2, 0)
+            if self.codec and v2.get(7, True):
+                return _decompress(raw, start + levels, size - levels, self.codec, self.path), 0, count
+            return raw, start + levels, count
         raise CorruptFileError(self.path, f"page at the key column's page index is of type {kind}, not a data page")
 
 
-def _decompress(data: bytes, size: int, codec: str | None, path: str) -> bytes:
-    if codec is None:
-        return data
+@functools.cache
+def _codec(name: str) -> pa.Codec:
+    return pa.Codec(name)
+
+
+def _decompress(raw: bytes, start: int, size: int, codec: str, path: str) -> bytes:
+    """Decompress `raw[start:]` into `size` bytes."""
     try:
-        return pa.decompress(data, size, codec=codec, asbytes=True)
+        return _codec(codec).decompress(memoryview(raw)[start:], size, asbytes=True)
     except (OSError, pa.ArrowException) as e:
         raise CorruptFileError(path, f"cannot decompress a key page: {e}") from e
 

@@ -89,6 +89,7 @@ class Table:
         except TableNotFoundError:  # a create that died between its two steps: finish it
             self.metadata = MetadataTable.create(mdt_root, self.config.metadata_partitions(), options=mdt_options,
                                                  storage=self.storage, authority=self._timeline)
+        self.metadata_index = MetadataIndex(self.metadata, self.config)  # key ranges and bloom filters
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
@@ -165,7 +166,7 @@ class Table:
                     instant: str) -> BloomPlan:
         """Pin each base file's key range, and plan where each partition's new keys may go."""
         config = self.config
-        index = MetadataIndex(self.metadata, config)
+        index = self.metadata_index
         names: dict[str, list[str]] = {}
         sizes: dict[str, dict[str, int]] = {}
         recorded = self._live_files()  # sizes as committed, no file system calls

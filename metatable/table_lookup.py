@@ -19,9 +19,9 @@ import pyarrow as pa
 
 from indexes.arrow_keys import bucket_ids, partition_paths, record_keys
 from indexes.bucket import bucket_file_id
-from indexes.bloom import BloomFilter
+from indexes.bloom import BloomFilter, BloomFilterSet
 from indexes.keys import bloom_filter_key, column_stats_key
-from indexes.lookup import CandidateFile, LevelReport, filter_and_verify, lookup
+from indexes.lookup import CandidateFile, Filters, LevelReport, distinct, filter_and_verify, lookup
 
 from .errors import InvalidInputError
 from .file_slice import FileSlice
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from .table import Table
 
 KeyRange = tuple[Any, Any]
+BLOOM_CACHE_BYTES = 256 << 20  # bloom filters kept in memory per table object
+FILTER_SETS_KEPT = 4
 
 
 @dataclass
@@ -60,13 +62,17 @@ FileRef = tuple[str, str]  # (partition, base file name)
 
 
 class MetadataIndex:
-    """Key ranges and bloom filters of base files, read from the metadata table (filters cached by file
-    name: a file is written once, so its filter never changes)."""
+    """Key ranges and bloom filters of base files, read from the metadata table. Filters are kept by file
+    (a file is written once, so its filter never changes), within a memory budget; so are the last few
+    filter sets, since a table's lookups keep probing the same files."""
 
-    def __init__(self, metadata: MetadataTable, config: TableConfig) -> None:
+    def __init__(self, metadata: MetadataTable, config: TableConfig, budget: int = BLOOM_CACHE_BYTES) -> None:
         self.metadata = metadata
         self.config = config
-        self._blooms: dict[FileRef, BloomFilter | None] = {}
+        self.budget = budget
+        self._blooms: OrderedDict[FileRef, BloomFilter | None] = OrderedDict()
+        self._bytes = 0
+        self._sets: OrderedDict[tuple[FileRef, ...], Filters] = OrderedDict()
 
     def ranges(self, files: Sequence[FileRef]) -> dict[FileRef, KeyRange]:
         if "column_stats" not in self.config.metadata_indexes or not files:
@@ -75,16 +81,36 @@ class MetadataIndex:
         stats = self.metadata.get_many("column_stats", list(keys))
         return {keys[k]: (r["min_value"], r["max_value"]) for k, r in stats.items()}
 
-    def blooms(self, files: Sequence[FileRef]) -> dict[FileRef, BloomFilter | None]:
+    def filters(self, files: Sequence[FileRef]) -> Filters:
+        """The files' bloom filters as one set, and each file's slot in it (-1: no filter)."""
+        wanted = tuple(files)
+        if wanted in self._sets:
+            self._sets.move_to_end(wanted)
+            return self._sets[wanted]
+        loaded = self._load(wanted)
+        made = BloomFilterSet.of([loaded[ref] for ref in wanted])
+        self._sets[wanted] = made
+        while len(self._sets) > FILTER_SETS_KEPT:
+            self._sets.popitem(last=False)
+        return made
+
+    def _load(self, files: Sequence[FileRef]) -> dict[FileRef, BloomFilter | None]:
         if "bloom_filter" not in self.config.metadata_indexes:
-            return {}
-        missing = {bloom_filter_key(p, n): (p, n) for p, n in files if (p, n) not in self._blooms}
+            return dict.fromkeys(files)
+        out = {ref: self._blooms[ref] for ref in files if ref in self._blooms}
+        for ref in out:
+            self._blooms.move_to_end(ref)
+        missing = {bloom_filter_key(p, n): (p, n) for p, n in files if (p, n) not in out}
         if missing:
             records = self.metadata.get_many("bloom_filter", list(missing))
             for key, ref in missing.items():
-                self._blooms[ref] = BloomFilter.from_bytes(records[key]["bloom_filter"], ref[1]) \
-                    if key in records else None
-        return {ref: self._blooms[ref] for ref in files}
+                bloom = BloomFilter.from_bytes(records[key]["bloom_filter"], ref[1]) if key in records else None
+                out[ref] = self._blooms[ref] = bloom
+                self._bytes += len(bloom.bits) if bloom else 0
+            while self._bytes > self.budget and len(self._blooms) > 1:
+                _, dropped = self._blooms.popitem(last=False)
+                self._bytes -= len(dropped.bits) if dropped else 0
+        return out
 
 
 class SliceLocator:
@@ -92,10 +118,9 @@ class SliceLocator:
 
     def __init__(self, storage: Storage, root: str, config: TableConfig, slices: Mapping[tuple[str, str], FileSlice],
                  ranges: Callable[[Sequence[FileRef]], Mapping[FileRef, KeyRange]],
-                 blooms: Callable[[Sequence[FileRef]], Mapping[FileRef, BloomFilter | None]],
-                 cache_base_keys: int = 0) -> None:
+                 filters: Callable[[Sequence[FileRef]], Filters], cache_base_keys: int = 0) -> None:
         self.storage, self.root, self.config = storage, root, config
-        self.ranges, self.blooms = ranges, blooms
+        self.ranges, self.filters = ranges, filters
         self.cache_base_keys = cache_base_keys  # how many base files' sorted keys to keep (0: read each time)
         self._base_keys: OrderedDict[str, SortedKeys] = OrderedDict()
         self.by_partition: dict[str, list[FileSlice]] = defaultdict(list)
@@ -134,9 +159,8 @@ class SliceLocator:
         with_base = [fs for p in partitions for fs in self.by_partition.get(p, []) if fs.base]
         refs = [(fs.partition, fs.base.file_name) for fs in with_base]
 
-        def load_blooms(indexes: list[int]) -> dict[int, BloomFilter | None]:
-            found = self.blooms([refs[i] for i in indexes])
-            return {i: found.get(refs[i]) for i in indexes}
+        def load_filters(indexes: list[int]) -> Filters:
+            return self.filters([refs[i] for i in indexes])
 
         def verify(index: int, key_indexes: np.ndarray) -> np.ndarray:
             return self.verify(with_base[index], [keys[i] for i in key_indexes], explain)
@@ -144,12 +168,12 @@ class SliceLocator:
         if use_buckets:
             key_idx, file_idx = self._bucket_candidates(keys, with_base)
             n = len(keys)
-            first = LevelReport("1 bucket", n, n * len(partitions), len(np.unique(key_idx)), len(key_idx))
-            result = filter_and_verify(keys, key_idx, file_idx, first, load_blooms, verify)
+            first = LevelReport("1 bucket", n, n * len(partitions), distinct(key_idx, n), len(key_idx))
+            result = filter_and_verify(keys, key_idx, file_idx, first, load_filters, verify)
         else:
             known = self.ranges(refs)
             files = [CandidateFile(ref[1], *known.get(ref, (None, None))) for ref in refs]
-            result = lookup(keys, files, load_blooms, verify)
+            result = lookup(keys, files, load_filters, verify)
         for report in result.levels:
             explain.add(report)
         found = {k: with_base[f] for k, f in result.file_of.items()}
@@ -212,8 +236,8 @@ def locate(table: Table, data: pa.Table, by_metadata: bool = False) -> tuple[pa.
     partitions = partition_paths(data, config.partition_by).to_pylist() if scoped else None
     bucket = config.index.type == "bucket" and not by_metadata
     explain = Explain("bucket" if bucket else "metadata (column_stats ranges, bloom filters)")
-    index = MetadataIndex(table.metadata, config)
-    locator = SliceLocator(table.storage, table.path, config, table.file_slices(), index.ranges, index.blooms)
+    index = table.metadata_index
+    locator = SliceLocator(table.storage, table.path, config, table.file_slices(), index.ranges, index.filters)
     out_partition, out_file = locator.locate(keys, partitions, bucket, explain)
     result = pa.table({"key": pa.array(keys, pa.string()), "partition": pa.array(out_partition, pa.string()),
                        "file_id": pa.array(out_file, pa.string())})

@@ -80,7 +80,7 @@ class BloomTagger(Tagger):
 
             def pinned_ranges(files) -> dict:
                 return {(p, n): ranges[p][n] for p, n in files if n in ranges.get(p, {})}
-            self._cached = SliceLocator(storage, root, self.config, self.task.slices, pinned_ranges, index.blooms,
+            self._cached = SliceLocator(storage, root, self.config, self.task.slices, pinned_ranges, index.filters,
                                         cache_base_keys=BASE_KEY_CACHE_FILES)
         return self._cached
 

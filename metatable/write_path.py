@@ -141,7 +141,7 @@ def write_base_file(storage: Storage, root: str, config: TableConfig, instant: s
     pq.write_table(rows, storage.local_path(staged), metadata_collector=collected,
                    sorting_columns=[pq.SortingColumn(rows.column_names.index(KEY_COLUMN))],
                    **write_options(rows.column_names, options["write.parquet.compression"],
-                                   options["write.parquet.key_compression"], options["write.parquet.page_rows"]))
+                                   options["write.parquet.key_compression"], options["write.parquet.page_size"]))
     storage.publish(staged, path)
     indexes = base_file_indexes(config, rows, partition, name, collected[0] if collected else None)
     return _stats_row(partition, file_id, name, "base", storage.size(path), rows.num_rows,

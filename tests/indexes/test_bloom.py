@@ -1,7 +1,9 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from indexes.bloom import BloomFilter, optimal_size
+import numpy as np
+
+from indexes.bloom import BloomFilter, BloomFilterSet, key_hashes, optimal_size
 from metatable.errors import CorruptFileError
 
 
@@ -12,6 +14,20 @@ def test_no_false_negatives(keys, fpp):
     assert bloom.might_contain(keys).all()
     back = BloomFilter.from_bytes(bloom.to_bytes())
     assert back == bloom and back.might_contain(keys).all()
+
+
+@given(st.lists(st.one_of(st.none(), st.tuples(st.lists(st.text(max_size=8), max_size=40, unique=True),
+                                               st.sampled_from([0.3, 0.01, 0.001]))), min_size=1, max_size=6),
+       st.lists(st.tuples(st.text(max_size=8), st.integers(0, 5)), max_size=80))
+def test_a_filter_set_answers_like_each_filter(specs, probes):
+    filters = [None if spec is None else BloomFilter.build(*spec) for spec in specs]
+    filter_set, slots = BloomFilterSet.of(filters)
+    assert [s >= 0 for s in slots] == [f is not None for f in filters]
+    pairs = [(key, i % len(filters)) for key, i in probes if filters[i % len(filters)] is not None]
+    if not pairs:
+        return
+    answer = filter_set.might_contain(key_hashes([k for k, _ in pairs]), slots[[i for _, i in pairs]])
+    assert answer.tolist() == [bool(filters[i].might_contain([k])[0]) for k, i in pairs]
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 import pyarrow as pa
 from hypothesis import given, strategies as st
 
-from indexes.bloom import BloomFilter
+from indexes.bloom import BloomFilter, BloomFilterSet
 from indexes.lookup import CandidateFile, lookup, range_candidates
 from metatable.slice_reader import members
 
@@ -35,7 +35,8 @@ def test_lookup_equals_ground_truth(contents, probes, with_blooms):
     blooms = {i: BloomFilter.build(data[f.name].to_pylist(), 0.01) if with_blooms else None
               for i, f in enumerate(files)}
     probe_keys = [f"{x:04d}" for x in probes]
-    result = lookup(probe_keys, files, lambda wanted: {i: blooms[i] for i in wanted}, verifier(files, data, probe_keys))
+    result = lookup(probe_keys, files, lambda wanted: BloomFilterSet.of([blooms[i] for i in wanted]),
+                    verifier(files, data, probe_keys))
     assert {probe_keys[k]: files[f].name for k, f in result.file_of.items()} == \
         {k: owner[k] for k in probe_keys if k in owner}
     levels = result.levels
@@ -53,6 +54,7 @@ def test_a_lying_bloom_filter_never_makes_lookup_return_an_absent_key():
     everything = BloomFilter(64, 3, 1, b"\xff" * 8)
     files = [CandidateFile("a", "000", "999")]
     keys = ["001", "500"]
-    result = lookup(keys, files, lambda wanted: {0: everything}, verifier(files, {"a": pa.array(["001"])}, keys))
+    result = lookup(keys, files, lambda wanted: BloomFilterSet.of([everything]),
+                    verifier(files, {"a": pa.array(["001"])}, keys))
     assert result.file_of == {0: 0}
     assert result.levels[1].keys_out == 2 and result.levels[2].keys_out == 1

@@ -25,8 +25,9 @@ def write_keys(directory, keys: list[str], *, codec: str = "lz4_raw", page_rows:
     table = table.cast(pa.schema([field, pa.field("payload", pa.int64())]))
     table = table.take(pc.sort_indices(table[KEY_COLUMN]))
     table = table.replace_schema_metadata(nul_free_metadata(table[KEY_COLUMN]))
-    pq.write_table(table, path, row_group_size=row_group_size, data_page_version=version,
-                   **write_options(table.column_names, "zstd", codec, page_rows))
+    options = write_options(table.column_names, "zstd", codec, 1 << 10)
+    options.update(data_page_size=None, write_batch_size=None, max_rows_per_page=page_rows)  # small pages
+    pq.write_table(table, path, row_group_size=row_group_size, data_page_version=version, **options)
     return path
 
 

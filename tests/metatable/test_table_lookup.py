@@ -70,7 +70,7 @@ def test_explain_and_unindexed_files(tmp_path):
                                  "bloom_filter": {k: None for k in bloom_keys}})
         mdt.complete(instant.time)
         table._timeline.complete(table._timeline.start(instant), {"file_groups": []})
-    mdt.refresh()
+    table = mt.Table.open(table.path)  # a table object keeps the filters it read: a new reader
     result, report = table.lookup(pa.table({"id": [5], "p": ["a"]}), explain=True, using="metadata")
     assert result["file_id"].to_pylist()[0] is not None
     levels = {lvl["level"]: lvl for lvl in report["levels"]}
