@@ -26,6 +26,23 @@ def read_struct(buffer: bytes, position: int, what: str) -> tuple[dict[int, Any]
         raise CorruptFileError(what, "thrift data ends inside a value") from None
 
 
+def leading_ints(buffer: bytes, count: int) -> list[int] | None:
+    """Fields 1..count of the struct at the start of `buffer` when they come first and are integers (as
+    a Parquet page header's type and sizes do), without decoding the rest; else None."""
+    values = []
+    position = 0
+    try:
+        for _ in range(count):
+            header = buffer[position]
+            if header >> 4 != 1 or not _I16 <= header & 0x0F <= _I64:
+                return None
+            n, position = _varint(buffer, position + 1)
+            values.append((n >> 1) ^ -(n & 1))
+    except IndexError:
+        return None
+    return values
+
+
 def _varint(buffer: bytes, position: int) -> tuple[int, int]:
     result = shift = 0
     while True:
@@ -86,9 +103,21 @@ def _value(buffer: bytes, position: int, kind: int, what: str) -> tuple[Any, int
             flags, position = _take(buffer, position, size)
             return [b == _BOOL_TRUE for b in flags], position
         items = []
-        for _ in range(size):
-            item, position = _value(buffer, position, element, what)
-            items.append(item)
+        if element == _BINARY:  # min/max values of a page index: thousands, so decoded inline
+            for _ in range(size):
+                n, position = _varint(buffer, position)
+                items.append(buffer[position:position + n])
+                position += n
+            if position > len(buffer):
+                raise IndexError(position)
+        elif element == _STRUCT:
+            for _ in range(size):
+                item, position = _struct(buffer, position, what)
+                items.append(item)
+        else:
+            for _ in range(size):
+                item, position = _value(buffer, position, element, what)
+                items.append(item)
         return items, position
     if kind == _MAP:
         size, position = _varint(buffer, position)

@@ -136,7 +136,9 @@ def write_base_file(storage: Storage, root: str, config: TableConfig, instant: s
     staged = storage.staging_path(path)
     collected: list[pq.FileMetaData] = []
     options = config.options
-    rows = rows.take(pc.sort_indices(rows[KEY_COLUMN]))
+    keys = rows[KEY_COLUMN]
+    if len(keys) > 1 and not pc.all(pc.less(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py():
+        rows = rows.take(pc.sort_indices(keys))  # merges already come sorted (record_merge.survivors)
     rows = rows.replace_schema_metadata({**(rows.schema.metadata or {}), **nul_free_metadata(rows[KEY_COLUMN])})
     pq.write_table(rows, storage.local_path(staged), metadata_collector=collected,
                    sorting_columns=[pq.SortingColumn(rows.column_names.index(KEY_COLUMN))],

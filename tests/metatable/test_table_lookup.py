@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 import metatable as mt
 from metatable.instant import Action
 from metatable.slice_reader import read_slice
+from metatable.key_pages import key_pages
 
 from .table_model import SCHEMA, operation_strategy
 
@@ -83,3 +84,39 @@ def test_lookup_without_partition_columns_searches_everywhere(tmp_path):
     table.upsert(pa.table({"id": [1, 2], "p": ["a", "b"], "v": ["x", "y"], "ts": [1, 1]}))
     got = table.lookup(pa.table({"id": [2, 3]})).to_pylist()
     assert got[0]["partition"] == "p=b" and got[1]["file_id"] is None
+
+
+@pytest.fixture(scope="module")
+def paged_table(tmp_path_factory):
+    """A table whose base files have many small key pages, after upserts, deletes and a compaction, with
+    its ground truth. Both types: merge-on-read keeps logs next to the compacted bases."""
+    tables = {}
+    for table_type in ("merge_on_read", "copy_on_write"):
+        root = str(tmp_path_factory.mktemp("paged") / table_type)
+        table = mt.Table.create(root, SCHEMA, "id", "p", "ts", table_type=table_type,
+                                index=mt.IndexConfig(num_buckets=2), metadata_indexes=["column_stats", "bloom_filter"],
+                                options={"write.parquet.page_size": 1024})
+        ids = list(range(12_000))
+        table.upsert(pa.table({"id": ids, "p": [f"q{i % 2}" for i in ids], "v": ["x"] * len(ids), "ts": [1] * len(ids)}))
+        table.delete(pa.table({"id": ids[::7], "p": [f"q{i % 2}" for i in ids[::7]]}))
+        table.compact()
+        table.upsert(pa.table({"id": [5000, 5001, 14], "p": ["q0", "q1", "q0"], "v": ["y"] * 3, "ts": [2] * 3}))
+        table.delete(pa.table({"id": [2, 3000, 12_001], "p": ["q0", "q0", "q1"]}))
+        tables[table_type] = (table, ground_truth(table))
+    return tables
+
+
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+@pytest.mark.parametrize("using", ["index", "metadata"])
+@settings(max_examples=25, deadline=None)
+@given(ids=st.lists(st.integers(0, 12_100), min_size=1, max_size=12), with_partitions=st.booleans())
+def test_page_lookups_equal_ground_truth(paged_table, table_type, using, ids, with_partitions):
+    table, truth = paged_table[table_type]
+    probe = {"id": ids, "p": [f"q{i % 2}" for i in ids]} if with_partitions else {"id": ids}
+    got, report = table.lookup(pa.table(probe), explain=True, using=using)
+    for i, row in zip(ids, got.to_pylist()):
+        assert (row["partition"], row["file_id"]) == truth.get((f"q{i % 2}", i), (None, None)), i
+    largest_page = max(max(key_pages(f"{table.path}/{fs.partition}/{fs.base.file_name}").sizes)
+                       for fs in table.file_slices().values())
+    checked = {lvl["level"]: lvl for lvl in report["levels"]}["3 file check"]["pairs_in"] + report["log_candidates"]
+    assert report["base_bytes_read"] <= checked * largest_page  # a page per key checked, not whole key columns

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metatable.errors import CorruptFileError
-from metatable.thrift_compact import read_struct
+from metatable.thrift_compact import leading_ints, read_struct
 
 
 def _varint(n: int) -> bytes:
@@ -116,3 +116,10 @@ def test_reads_a_parquet_footer_like_pyarrow(tmp_path):
             assert chunk[3][3] == [metadata.row_group(g).column(c).path_in_schema.encode()]
             assert chunk[3][4] == 6  # ZSTD
             assert chunk[4] > 0 and chunk[6] > 0  # offset and column index are there
+
+
+@given(structs)
+def test_leading_ints_are_the_first_fields_when_they_are_integers(fields):
+    ints = [fields.get(i) for i in (1, 2, 3)]
+    expected = ints if all(isinstance(v, int) and not isinstance(v, bool) for v in ints) else None
+    assert leading_ints(encode_struct(fields), 3) == expected
