@@ -264,6 +264,7 @@ def cmd_lookup(args: argparse.Namespace) -> None:
         print_rows(pa.Table.from_pylist(report["levels"]), "table")
         if report["log_candidates"]:
             print(f"keys checked in merge-on-read logs: {report['log_candidates']}")
+        print(f"base files read: {report['base_files_read']}, {report['base_bytes_read']:,} bytes")
 
 
 def build_parser() -> argparse.ArgumentParser:

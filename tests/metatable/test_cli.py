@@ -42,7 +42,7 @@ def test_table_session(capsys, files):
     code, out, _ = run(capsys, "read", t, "--output", "csv")
     assert out.splitlines()[0] == '"id","p","v","ts"'
     code, out, _ = run(capsys, "lookup", t, "1", "2", "--explain", "--using", "metadata")
-    assert code == 0 and "p=a" in out and "3 file check" in out
+    assert code == 0 and "p=a" in out and "3 file check" in out and "base files read: " in out
     code, out, _ = run(capsys, "stats", t)
     assert "pending logs" in out and "p=a" in out
     assert "compacted at" in run(capsys, "compact", t)[1]
