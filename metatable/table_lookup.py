@@ -209,16 +209,17 @@ class SliceLocator:
 
     def locate(self, keys: list[str], partitions: list[str] | None, use_buckets: bool,
                explain: Explain) -> tuple[list[str | None], list[str | None]]:
-        """(partition, file id) of every key, None where absent; without `partitions`, search them all (the
-        first partition in sorted order that holds a key wins)."""
+        """(partition, file id) of every key, None where absent; without `partitions`, search them all (a
+        key that several partitions hold is reported in one of them: pass partitions to choose)."""
         n = len(keys)
         out_partition = np.full(n, None, dtype=object)
         out_file = np.full(n, None, dtype=object)
         if partitions is None:
-            scopes = {None: np.arange(n)}
+            scopes: dict[str | None, np.ndarray] = {None: np.arange(n)}
         else:
-            given = np.array(partitions, dtype=object)
-            scopes = {p: np.flatnonzero(given == p) for p in dict.fromkeys(partitions)}
+            names, which = np.unique(np.array(partitions, dtype=object), return_inverse=True)
+            order = np.argsort(which, kind="stable")
+            scopes = dict(zip(names.tolist(), np.split(order, np.cumsum(np.bincount(which))[:-1])))
         for scope, wanted in scopes.items():
             searched = sorted(self.by_partition) if scope is None else [scope]
             found = self.find([keys[i] for i in wanted], searched, use_buckets, explain)

@@ -4,8 +4,8 @@ pyarrow parses Parquet footers but does not expose the page index (where each pa
 starts, and its min/max), which point lookups need. A struct decodes to a dict from field id to value;
 lists and sets to lists; maps to dicts; binaries stay bytes.
 
-Plain functions over (buffer, position) with the integer fields decoded inline: a key lookup parses
-one page header per key, and this shape measured 2.5x faster than a reader object (3 vs 7 us).
+Plain functions over (buffer, position): this shape measured 2.5x faster than a reader object (3 vs
+7 us for a page header), and `leading_ints` reads a page header's type and sizes without the rest.
 """
 from __future__ import annotations
 
@@ -71,14 +71,7 @@ def _struct(buffer: bytes, position: int, what: str) -> tuple[dict[int, Any], in
         if kind <= _BOOL_FALSE:
             fields[field_id] = kind == _BOOL_TRUE
         elif _I16 <= kind <= _I64:
-            n = shift = 0
-            while True:
-                byte = buffer[position]
-                position += 1
-                n |= (byte & 0x7F) << shift
-                if byte < 0x80:
-                    break
-                shift += 7
+            n, position = _varint(buffer, position)
             fields[field_id] = (n >> 1) ^ -(n & 1)
         else:
             fields[field_id], position = _value(buffer, position, kind, what)
