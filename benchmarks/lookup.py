@@ -5,8 +5,8 @@ one with the bloom index (a file group per partition at the default target file 
 buckets per partition (56 file groups). On each it locates 1,000 and 100,000 random keys (80% present)
 through the table's index and through the three-level metadata lookup, with per-level candidate
 counts, bytes read and time, and as the baseline reads every base file's key column. "first" calls
-parse the page indexes of files not seen yet; "repeat" calls (best of 3) reuse them, as a long-lived
-process does. The scan's time is its best of 3. Prints JSON lines.
+parse the page indexes of files not seen yet; "repeat" calls (best of 5) reuse them, as a long-lived
+process does. The scan's time is its best of 5. Prints JSON lines.
 
     python benchmarks/lookup.py [--scale-factor 1]
 """
@@ -32,7 +32,7 @@ from metatable.spark_pipeline import arrow_schema_of  # noqa: E402
 from metatable.table_config import KEY_COLUMN  # noqa: E402
 
 
-REPEATS = 3
+REPEATS = 5
 
 
 def emit(**fields) -> None:
