@@ -36,7 +36,15 @@ def leading_ints(buffer: bytes, count: int) -> list[int] | None:
             header = buffer[position]
             if header >> 4 != 1 or not _I16 <= header & 0x0F <= _I64:
                 return None
-            n, position = _varint(buffer, position + 1)
+            n = shift = 0
+            while True:  # _varint, inline: this runs once per key looked up
+                position += 1
+                byte = buffer[position]
+                n |= (byte & 0x7F) << shift
+                if byte < 0x80:
+                    break
+                shift += 7
+            position += 1
             values.append((n >> 1) ^ -(n & 1))
     except IndexError:
         return None
