@@ -4,9 +4,10 @@ Builds (or reuses) two merge-on-read tables with column_stats and bloom_filter, 
 one with the bloom index (a file group per partition at the default target file size), one with 8
 buckets per partition (56 file groups). On each it locates 1,000 and 100,000 random keys (80% present)
 through the table's index and through the three-level metadata lookup, with per-level candidate
-counts, bytes read and time, and as the baseline reads every base file's key column. "first" calls
-parse the page indexes of files not seen yet; "repeat" calls (best of 5) reuse them, as a long-lived
-process does. The scan's time is its best of 5. Prints JSON lines.
+counts, bytes read and time, and as the baseline reads every base file's key column. A process's first
+lookup parses the page indexes of the files it touches (`first_call_seconds`); the following ones
+reuse them, as a long-lived process does: these alternate with scans, 7 rounds, and the median
+round is reported. Prints JSON lines.
 
     python benchmarks/lookup.py [--scale-factor 1]
 """
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 
@@ -32,7 +34,7 @@ from metatable.spark_pipeline import arrow_schema_of  # noqa: E402
 from metatable.table_config import KEY_COLUMN  # noqa: E402
 
 
-REPEATS = 5
+ROUNDS = 7
 
 
 def emit(**fields) -> None:
@@ -107,6 +109,8 @@ def main() -> None:
 
 
 def measure(table: mt.Table) -> None:
+    """Scans and lookups alternate, so that each ratio compares runs made in the same state of this
+    (noisy, shared) machine; the reported speedup is the median of the rounds' ratios."""
     slices = table.file_slices().values()
     index = table.config.index.type
     total_files = len(slices)
@@ -114,28 +118,29 @@ def measure(table: mt.Table) -> None:
     rng = random.Random(11)
     for n in (1_000, 100_000):
         keys = sample_keys(table, n, rng)
-        scan_times = []
-        for _ in range(REPEATS):
-            started = time.perf_counter()
-            found, files, read = full_scan(table, keys)
-            scan_times.append(time.perf_counter() - started)
-        scan_s = min(scan_times)  # the baseline at its best: this machine's timings vary a lot
-        emit(step="full_scan", table=index, keys=n, found=found, files_read=files, bytes_read=read,
-             data_bytes=data_bytes, share_of_data_read=round(read / data_bytes, 4), seconds=round(scan_s, 3),
-             all_seconds=[round(t, 3) for t in scan_times])
+        found, files, read = full_scan(table, keys)  # warms the page cache for both sides
         for using in ("index", "metadata") if index == "bucket" else ("index",):
             key_pages.cache_clear()
-            times = []
-            for _ in range(1 + REPEATS):
+            started = time.perf_counter()
+            table.lookup(keys, using=using)
+            first = time.perf_counter() - started
+            scans, lookups = [], []
+            for _ in range(ROUNDS):
+                started = time.perf_counter()
+                full_scan(table, keys)
+                scans.append(time.perf_counter() - started)
                 started = time.perf_counter()
                 result, report = table.lookup(keys, explain=True, using=using)
-                times.append(time.perf_counter() - started)
-                located = n - result["file_id"].null_count
-                assert located == found, (located, found)
-            for call, seconds in (("first", times[0]), ("repeat", min(times[1:]))):
-                emit(step=f"lookup_{using}", table=index, call=call, keys=n, found=located, seconds=round(seconds, 4),
-                     speedup_vs_scan=round(scan_s / seconds, 1), files_total=total_files,
-                     share_of_data_read=round(report["base_bytes_read"] / data_bytes, 4), **report)
+                lookups.append(time.perf_counter() - started)
+                assert n - result["file_id"].null_count == found, (result, found)
+            emit(step="full_scan", table=index, keys=n, found=found, files_read=files, bytes_read=read,
+                 data_bytes=data_bytes, share_of_data_read=round(read / data_bytes, 4),
+                 seconds=round(statistics.median(scans), 3))
+            emit(step=f"lookup_{using}", table=index, keys=n, found=found, files_total=total_files,
+                 first_call_seconds=round(first, 4), seconds=round(statistics.median(lookups), 4),
+                 speedup_vs_scan=round(statistics.median(s / t for s, t in zip(scans, lookups)), 1),
+                 first_call_speedup=round(statistics.median(scans) / first, 1),
+                 share_of_data_read=round(report["base_bytes_read"] / data_bytes, 4), **report)
 
 
 if __name__ == "__main__":
