@@ -31,7 +31,6 @@ from metatable.demo import KEY, generate_lineitem  # noqa: E402
 from metatable.key_pages import key_pages  # noqa: E402
 from metatable.slice_reader import base_path  # noqa: E402
 from metatable.spark_pipeline import arrow_schema_of  # noqa: E402
-from metatable.table_config import KEY_COLUMN  # noqa: E402
 
 
 ROUNDS = 7
@@ -83,18 +82,15 @@ def sample_keys(table: mt.Table, n: int, rng: random.Random) -> pa.Table:
 def full_scan(table: mt.Table, keys: pa.Table) -> tuple[int, int, int]:
     """(keys found, files read, bytes read): every base file's key column, probed for the keys."""
     from indexes.arrow_keys import record_keys
-    from metatable.slice_reader import members
+    from metatable.slice_reader import key_column, members
 
     wanted = record_keys(keys, KEY)
     found = files = read = 0
     for fs in table.file_slices().values():
-        parquet = pq.ParquetFile(base_path(table.path, fs))
-        column = parquet.read(columns=[KEY_COLUMN])[KEY_COLUMN]
+        column, size = key_column(base_path(table.path, fs))
         found += int(members(wanted, column).sum())
         files += 1
-        leaf = [parquet.schema.column(i).path for i in range(len(parquet.schema))].index(KEY_COLUMN)
-        read += sum(parquet.metadata.row_group(g).column(leaf).total_compressed_size
-                    for g in range(parquet.metadata.num_row_groups))
+        read += size
     return found, files, read
 
 

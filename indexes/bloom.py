@@ -105,7 +105,7 @@ class BloomFilterSet:
         present = [f for f in filters if f is not None]
         slots = np.full(len(filters), -1, dtype=np.int64)
         slots[[f is not None for f in filters]] = np.arange(len(present))
-        byte_starts = np.cumsum([0] + [len(f.bits) for f in present[:-1]], dtype=np.uint64)
+        byte_starts = np.cumsum([0] + [len(f.bits) for f in present], dtype=np.uint64)[:-1]
         bits = np.frombuffer(b"".join(f.bits for f in present), dtype=np.uint8)
         return cls(bits, byte_starts * np.uint64(8), np.array([f.num_bits for f in present], dtype=np.uint64),
                    np.array([f.num_hashes for f in present], dtype=np.int64)), slots

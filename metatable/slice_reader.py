@@ -75,12 +75,17 @@ def base_keys_present(path: str, candidates: pa.Array | pa.ChunkedArray) -> tupl
     pages = key_pages(path)
     if pages is not None and pc.count_distinct(candidates).as_py() <= pages.page_count // 2:
         return pages.contains(candidates.to_pylist())
-    parquet = pq.ParquetFile(path)
-    column = parquet.read(columns=[KEY_COLUMN])[KEY_COLUMN]
-    leaf = [parquet.schema.column(i).path for i in range(len(parquet.schema))].index(KEY_COLUMN)
-    read = sum(parquet.metadata.row_group(i).column(leaf).total_compressed_size
-               for i in range(parquet.metadata.num_row_groups))
+    column, read = key_column(path)
     return members(candidates, column), read
+
+
+def key_column(path: str) -> tuple[pa.ChunkedArray, int]:
+    """A base file's whole record-key column, and its bytes in the file."""
+    with pq.ParquetFile(path) as parquet:
+        column = parquet.read(columns=[KEY_COLUMN])[KEY_COLUMN]
+        leaf = [parquet.schema.column(i).path for i in range(len(parquet.schema))].index(KEY_COLUMN)
+        return column, sum(parquet.metadata.row_group(i).column(leaf).total_compressed_size
+                           for i in range(parquet.metadata.num_row_groups))
 
 
 def live_mask(storage: Storage, root: str, config: TableConfig, fs: FileSlice | None,
