@@ -185,10 +185,12 @@ def key_pages(path: str) -> KeyPages | None:
     entry is ~100 bytes per page: ~0.4 MB for a 128 MB file of 1M rows)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        tail = os.pread(f.fileno(), 8, size - 8)
-        if len(tail) < 8 or tail[4:] != b"PAR1":
+        tail = os.pread(f.fileno(), 8, max(size - 8, 0))
+        if size < 12 or tail[4:] != b"PAR1":
             raise CorruptFileError(path, "not a Parquet file (no PAR1 footer)")
         length = int.from_bytes(tail[:4], "little")
+        if length > size - 12:
+            raise CorruptFileError(path, f"footer length {length} exceeds the file ({size} bytes): truncated?")
         footer, _ = read_struct(os.pread(f.fileno(), length, size - 8 - length), 0, path)
         schema = footer.get(2, [])
         leaves = [element for element in schema[1:] if not element.get(5)]

@@ -116,3 +116,7 @@ def test_corrupt_files_name_the_file(tmp_path):
     garbage.write_bytes(b"not parquet at all")
     with pytest.raises(CorruptFileError, match="garbage.parquet"):
         key_pages(str(garbage))
+    truncated = tmp_path / "truncated.parquet"
+    truncated.write_bytes(data[-200:])  # the tail of a real file: its footer length points before the start
+    with pytest.raises(CorruptFileError, match="truncated.parquet"):
+        key_pages(str(truncated))
