@@ -84,32 +84,38 @@ def by_file(file_idx: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
 
 Filters = tuple[BloomFilterSet, np.ndarray]  # filters, and the slot of each requested file in them (-1: none)
 LoadFilters = Callable[[list[int]], Filters]
+FILTER_BATCH_FILES = 128
 
 
-def bloom_survivors(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarray, files: Sequence[int],
-                    filters: Filters) -> tuple[np.ndarray, np.ndarray, int]:
-    """The candidate pairs whose file's bloom filter might contain the key (no filter: kept). `filters`
-    are those of `files`, which are all the files of the pairs."""
-    filter_set, slots = filters
+def bloom_survivors(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarray,
+                    load_filters: LoadFilters) -> tuple[np.ndarray, np.ndarray, int]:
+    """The candidate pairs whose file's bloom filter might contain the key (no filter: kept), and how
+    many files had no filter. Filters are loaded `FILTER_BATCH_FILES` files at a time, which bounds
+    memory whatever the table's size (a 1M-key file's filter is ~1.8 MB)."""
     if not len(key_idx):
         return key_idx, file_idx, 0
     used = np.flatnonzero(np.bincount(key_idx, minlength=len(keys)))
     hashes = np.zeros((len(keys), 2), dtype=np.uint64)
     hashes[used] = key_hashes([keys[i] for i in used])  # each candidate key hashed once
-    slot_of_file = np.full(max(files) + 1, -1, dtype=np.int64)
-    slot_of_file[list(files)] = slots
-    pair_slot = slot_of_file[file_idx]
-    probed = pair_slot >= 0
+    files = np.unique(file_idx)
     keep = np.ones(len(key_idx), dtype=bool)
-    if probed.any():
-        keep[probed] = filter_set.might_contain(hashes[key_idx[probed]], pair_slot[probed])
-    return key_idx[keep], file_idx[keep], int(np.count_nonzero(slots < 0))
+    unfiltered = 0
+    for batch in np.array_split(files, -(-len(files) // FILTER_BATCH_FILES)):
+        filter_set, slots = load_filters(batch.tolist())
+        unfiltered += int(np.count_nonzero(slots < 0))
+        slot_of_file = np.full(int(files[-1]) + 1, -1, dtype=np.int64)
+        slot_of_file[batch] = slots
+        pair_slot = slot_of_file[file_idx]
+        probed = pair_slot >= 0
+        if probed.any():
+            keep[probed] = filter_set.might_contain(hashes[key_idx[probed]], pair_slot[probed])
+    return key_idx[keep], file_idx[keep], unfiltered
 
 
 def lookup(keys: Sequence[str], files: Sequence[CandidateFile],
            load_filters: LoadFilters, verify: Callable[[int, np.ndarray], np.ndarray]) -> LookupResult:
-    """Locate `keys` among `files`. `load_filters(file indexes)` fetches the level-1 survivors' bloom
-    filters in one batch; `verify(file index, key indexes)` says which of those keys the file holds."""
+    """Locate `keys` among `files`. `load_filters(file indexes)` fetches level-1 survivors' bloom filters,
+    many files at a time; `verify(file index, key indexes)` says which of those keys the file holds."""
     n = len(keys)
     key_idx, file_idx, unranged = range_candidates(keys, files)
     first = LevelReport("1 key ranges", n, n * len(files), distinct(key_idx, n), len(key_idx), unranged)
@@ -121,8 +127,7 @@ def filter_and_verify(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.nda
     """Levels 2 and 3 over the candidate (key, file) pairs that level 1 (`first`) let through. A key that
     several files hold is reported in the first of them."""
     n = len(keys)
-    files = [index for index, _ in by_file(file_idx)]
-    k2, f2, unfiltered = bloom_survivors(keys, key_idx, file_idx, files, load_filters(files))
+    k2, f2, unfiltered = bloom_survivors(keys, key_idx, file_idx, load_filters)
     levels = [first, LevelReport("2 bloom filters", first.keys_out, first.pairs_out, distinct(k2, n), len(k2),
                                  unfiltered)]
     found: dict[int, int] = {}

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 KeyRange = tuple[Any, Any]
 BLOOM_CACHE_BYTES = 256 << 20  # bloom filters kept in memory per table object
-FILTER_SETS_KEPT = 4
+FILTER_SETS_KEPT = 4  # ... and the last few sets of them (copies), each up to:
+FILTER_SET_MAX_BYTES = 64 << 20
 
 
 @dataclass
@@ -89,9 +90,10 @@ class MetadataIndex:
             return self._sets[wanted]
         loaded = self._load(wanted)
         made = BloomFilterSet.of([loaded[ref] for ref in wanted])
-        self._sets[wanted] = made
-        while len(self._sets) > FILTER_SETS_KEPT:
-            self._sets.popitem(last=False)
+        if made[0].bits.nbytes <= FILTER_SET_MAX_BYTES:
+            self._sets[wanted] = made
+            while len(self._sets) > FILTER_SETS_KEPT:
+                self._sets.popitem(last=False)
         return made
 
     def _load(self, files: Sequence[FileRef]) -> dict[FileRef, BloomFilter | None]:

@@ -58,3 +58,22 @@ def test_a_lying_bloom_filter_never_makes_lookup_return_an_absent_key():
                     verifier(files, {"a": pa.array(["001"])}, keys))
     assert result.file_of == {0: 0}
     assert result.levels[1].keys_out == 2 and result.levels[2].keys_out == 1
+
+
+def test_filters_are_loaded_a_batch_of_files_at_a_time(monkeypatch):
+    import indexes.lookup as lookup_module
+
+    monkeypatch.setattr(lookup_module, "FILTER_BATCH_FILES", 2)
+    data = {f"f{i}": pa.array([f"{i}{j:03d}" for j in range(50)]) for i in range(5)}
+    files = [CandidateFile(name, keys[0].as_py(), keys[-1].as_py()) for name, keys in data.items()]
+    blooms = [BloomFilter.build(keys.to_pylist(), 0.01) for keys in data.values()]
+    requested = []
+
+    def load(wanted):
+        requested.append(list(wanted))
+        return BloomFilterSet.of([blooms[i] for i in wanted])
+
+    probe = ["0007", "2049", "4000", "9999", "30205"]  # the last: in f3's range, not in f3
+    result = lookup(probe, files, load, verifier(files, data, probe))
+    assert {probe[k]: files[f].name for k, f in result.file_of.items()} == {"0007": "f0", "2049": "f2", "4000": "f4"}
+    assert max(len(r) for r in requested) <= 2 and sorted(sum(requested, [])) == [0, 2, 3, 4]
