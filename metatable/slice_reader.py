@@ -88,11 +88,24 @@ def key_column(path: str) -> tuple[pa.ChunkedArray, int]:
                            for i in range(parquet.metadata.num_row_groups))
 
 
+LogKeys = tuple[pa.ChunkedArray, pa.ChunkedArray]
+
+
+def log_keys(storage: Storage, root: str, config: TableConfig, fs: FileSlice) -> LogKeys:
+    """What a slice's logs say about existence: the keys they touch, and those alive after them."""
+    logs = log_tables(storage, root, config, fs, [KEY_COLUMN, DELETED_COLUMN])
+    touched = pa.concat_tables(logs)[KEY_COLUMN]
+    alive = merge_versions(logs, None, pa.schema([(KEY_COLUMN, pa.string())]))[KEY_COLUMN]
+    return touched, alive
+
+
 def live_mask(storage: Storage, root: str, config: TableConfig, fs: FileSlice | None,
-              candidates: pa.Array | pa.ChunkedArray, in_base: np.ndarray | None = None) -> np.ndarray:
+              candidates: pa.Array | pa.ChunkedArray, in_base: np.ndarray | None = None,
+              logs: LogKeys | None = None) -> np.ndarray:
     """Which candidate keys are live in the slice. Only the logs (small) are merged; the base's key
     column (large) is only probed: live = live in the logs, or in the base and not deleted by the logs.
-    `in_base` saves the probe when the caller knows the base's answer (a cached key index)."""
+    `in_base` saves the probe when the caller knows the base's answer (a cached key index), `logs` the
+    log reads when it has them (`log_keys`)."""
     n = len(candidates)
     if fs is None:
         return np.zeros(n, dtype=bool)
@@ -101,10 +114,7 @@ def live_mask(storage: Storage, root: str, config: TableConfig, fs: FileSlice | 
         in_base = base_keys_present(path, candidates)[0] if path else np.zeros(n, dtype=bool)
     if not fs.logs:
         return in_base
-    logs = log_tables(storage, root, config, fs, [KEY_COLUMN, DELETED_COLUMN])
-    key_schema = pa.schema([(KEY_COLUMN, pa.string())])
-    touched = pa.concat_tables(logs)[KEY_COLUMN]
-    alive = merge_versions(logs, None, key_schema)[KEY_COLUMN]
+    touched, alive = logs or log_keys(storage, root, config, fs)
     in_logs = members(candidates, touched)
     alive_in_logs = members(candidates, alive)
     return np.where(in_logs, alive_in_logs, in_base)

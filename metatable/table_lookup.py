@@ -26,7 +26,7 @@ from indexes.lookup import CandidateFile, Filters, LevelReport, distinct, filter
 from .errors import InvalidInputError
 from .file_slice import FileSlice
 from .key_pages import key_pages
-from .slice_reader import SortedKeys, base_keys_present, base_path, live_mask, log_tables, members
+from .slice_reader import LogKeys, SortedKeys, base_keys_present, base_path, live_mask, log_keys, members
 from .storage import Storage
 from .table_config import KEY_COLUMN, TableConfig
 
@@ -125,6 +125,7 @@ class SliceLocator:
         self.ranges, self.filters = ranges, filters
         self.cache_base_keys = cache_base_keys  # how many base files' sorted keys to keep (0: read each time)
         self._base_keys: OrderedDict[str, SortedKeys] = OrderedDict()
+        self._log_keys: dict[tuple[str, str], LogKeys] = {}  # slices are fixed: their logs are read once
         self.by_partition: dict[str, list[FileSlice]] = defaultdict(list)
         for key in sorted(slices):
             self.by_partition[key[0]].append(slices[key])
@@ -148,7 +149,14 @@ class SliceLocator:
                 in_base, read = base_keys_present(path, candidates)
                 explain.base_files_read += 1
                 explain.base_bytes_read += read
-        return live_mask(self.storage, self.root, self.config, fs, candidates, in_base)
+        return live_mask(self.storage, self.root, self.config, fs, candidates, in_base,
+                         self._logs(fs) if fs.logs else None)
+
+    def _logs(self, fs: FileSlice) -> LogKeys:
+        key = (fs.partition, fs.file_id)
+        if key not in self._log_keys:
+            self._log_keys[key] = log_keys(self.storage, self.root, self.config, fs)
+        return self._log_keys[key]
 
     @staticmethod
     def _page_limit(path: str) -> int:
@@ -202,7 +210,7 @@ class SliceLocator:
         """Merge-on-read: keys that only logs know of (inserted after the base, so absent from its index)."""
         candidates = pa.array(keys, pa.string())
         for fs in (fs for p in partitions for fs in self.by_partition.get(p, []) if fs.logs):
-            touched = pa.concat_tables(log_tables(self.storage, self.root, self.config, fs, [KEY_COLUMN]))[KEY_COLUMN]
+            touched, _ = self._logs(fs)
             mentioned = [int(i) for i in np.flatnonzero(members(candidates, touched)) if int(i) not in found]
             explain.log_candidates += len(mentioned)
             if mentioned:
