@@ -30,7 +30,7 @@ import metatable as mt  # noqa: E402
 from metatable.demo import KEY, generate_lineitem  # noqa: E402
 from metatable.key_pages import key_pages  # noqa: E402
 from metatable.slice_reader import base_path  # noqa: E402
-from metatable.spark_pipeline import arrow_schema_of  # noqa: E402
+from metatable.spark_engine import arrow_schema_of  # noqa: E402
 
 
 ROUNDS = 7
@@ -60,7 +60,7 @@ def build(workdir: str, scale_factor: float, index: mt.IndexConfig) -> mt.Table:
 
 def sample_keys(table: mt.Table, n: int, rng: random.Random) -> pa.Table:
     """n keys, 80% present (uniform over the table's rows, so spread over all its files), 20% absent."""
-    paths = [base_path(table.path, fs) for fs in table.file_slices().values()]
+    paths = [base_path(table.context.paths, fs) for fs in table.file_slices().values()]
     sizes = [pq.read_metadata(p).num_rows for p in paths]
     chosen_rows = sorted(rng.sample(range(sum(sizes)), int(n * 0.8)))
     present, start, cursor = [], 0, 0
@@ -87,7 +87,7 @@ def full_scan(table: mt.Table, keys: pa.Table) -> tuple[int, int, int]:
     wanted = record_keys(keys, KEY)
     found = files = read = 0
     for fs in table.file_slices().values():
-        column, size = key_column(base_path(table.path, fs))
+        column, size = key_column(base_path(table.context.paths, fs))
         found += int(members(wanted, column).sum())
         files += 1
         read += size
@@ -110,7 +110,7 @@ def measure(table: mt.Table) -> None:
     slices = table.file_slices().values()
     index = table.config.index.type
     total_files = len(slices)
-    data_bytes = sum(os.path.getsize(base_path(table.path, fs)) for fs in slices)
+    data_bytes = sum(os.path.getsize(base_path(table.context.paths, fs)) for fs in slices)
     rng = random.Random(11)
     for n in (1_000, 100_000):
         keys = sample_keys(table, n, rng)

@@ -1,1 +1,2 @@
-"""Index logic: key encoding, hashing and (later) bucket, bloom and consistent-hashing assignment."""
+"""Index logic, pure (no storage): key encoding and hashing, bloom filters, column statistics, the
+multi-level lookup, and the assigners that place incoming keys (bucket, bloom)."""

@@ -1,7 +1,7 @@
 """metatable: keyed tables on a data lake, indexed by a merge-on-read metadata table.
 
 Exports resolve lazily, so that importing a leaf module (`metatable.errors`, which `indexes` uses) does not
-pull in the whole engine: dependencies stay one-way, metatable -> indexes -> metatable.errors.
+pull in the whole engine. docs/architecture.md maps the layers and which way dependencies point.
 """
 from importlib import import_module
 from typing import Any
@@ -12,7 +12,7 @@ _EXPORTS = {
     "MetatableError": "metatable.errors",
     "Table": "metatable.table",
     "WriteResult": "metatable.table",
-    "spark_session": "metatable.spark_pipeline",
+    "spark_session": "metatable.spark_engine",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from .errors import InvalidInputError
 from .instant import validate_time
 
+PARQUET = "parquet"  # data tables' base files (metadata tables' are SST)
 _TOKEN_RE = re.compile(r"^[0-9A-Za-z-]+$")
 
 

@@ -15,13 +15,15 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from . import config
 from .errors import InvalidInputError, MetatableError, TableNotFoundError
-from .metadata_table import DEFAULT_FILE_GROUPS, MetadataTable
+from .metadata_table import MetadataTable
+from .paths import TablePaths
 from .slice_reader import read_slice
 from .storage import LocalStorage
 from .table import Table
-from .table_config import IndexConfig
-from .timeline import META_DIR, Timeline
+from .table_config import BUCKET_ENGINES, INDEX_SCOPES, INDEX_TYPES, METADATA_INDEXES, TABLE_TYPES, IndexConfig
+from .timeline import Timeline
 
 log = logging.getLogger("metatable.cli")
 
@@ -38,15 +40,17 @@ def _print_json(value: Any) -> None:
 
 def open_metadata(path: str) -> MetadataTable:
     """A data table's metadata table (PATH/.metatable/metadata) or a standalone one at PATH."""
-    attached = os.path.join(path, META_DIR, "metadata")
-    if os.path.exists(os.path.join(attached, META_DIR, "properties.json")):
-        return MetadataTable.open(attached, authority=Timeline(LocalStorage(), path))
+    storage = LocalStorage()
+    attached = TablePaths(path).metadata
+    if storage.exists(attached.properties):
+        return MetadataTable.open(attached.root, authority=Timeline(storage, path))
     return MetadataTable.open(path)
 
 
 def timeline_root(path: str) -> str:
-    if not os.path.isdir(os.path.join(path, META_DIR)):
-        raise TableNotFoundError(f"no metatable table at {path} (no {META_DIR} directory)")
+    meta = TablePaths(path).meta
+    if not os.path.isdir(meta):
+        raise TableNotFoundError(f"no metatable table at {path} (no {meta} directory)")
     return path
 
 
@@ -60,15 +64,15 @@ def cmd_timeline(args: argparse.Namespace) -> None:
 
 
 def cmd_metadata_create(args: argparse.Namespace) -> None:
-    partitions = dict(DEFAULT_FILE_GROUPS)
+    partitions = None
     if args.partitions:
         partitions = {}
         for item in args.partitions.split(","):
             name, _, n = item.partition("=")
-            partitions[name] = int(n) if n else DEFAULT_FILE_GROUPS.get(name, 1)
-    MetadataTable.create(args.path, partitions)
+            partitions[name] = int(n) if n else config.file_groups(name)
+    mdt = MetadataTable.create(args.path, partitions)
     print(f"created metadata table {args.path} with partitions "
-          + ", ".join(f"{p} ({n} file groups)" for p, n in partitions.items()))
+          + ", ".join(f"{p} ({n} file groups)" for p, n in mdt.partitions.items()))
 
 
 def cmd_metadata_put(args: argparse.Namespace) -> None:
@@ -181,7 +185,7 @@ def _write(args: argparse.Namespace, operation: str) -> None:
     table = Table.open(args.path)
     data: Any = read_input(args.file, args.format)
     if args.spark:
-        from .spark_pipeline import spark_session
+        from .spark_engine import spark_session
         data = spark_session().createDataFrame(data)
     result = getattr(table, operation)(data)
     print(f"{operation} {result.instant}: {result.inserted} inserted, {result.updated} updated, "
@@ -208,7 +212,7 @@ def cmd_read(args: argparse.Namespace) -> None:
     table = Table.open(args.path)
     parts, count = [], 0
     for fs in table.file_slices(args.as_of).values():
-        part = read_slice(table.storage, table.path, table.config, fs, args.read_optimized) \
+        part = read_slice(table.storage, table.context.paths, table.config, fs, args.read_optimized) \
             .select(table.config.schema.names)
         parts.append(part)
         count += part.num_rows
@@ -284,13 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", required=True, help="record key column(s), comma separated")
     p.add_argument("--partition-by", help="partition column(s), comma separated")
     p.add_argument("--ordering", help="ordering field: among versions of a key, the greatest wins")
-    p.add_argument("--type", default="merge_on_read", choices=["merge_on_read", "copy_on_write"])
-    p.add_argument("--index", default="bucket", choices=["bucket", "bloom"])
-    p.add_argument("--engine", default="simple", choices=["simple", "consistent_hashing"])
-    p.add_argument("--buckets", type=int, default=4)
-    p.add_argument("--scope", default="partition", choices=["partition", "global"],
+    defaults = IndexConfig()
+    p.add_argument("--type", default=TABLE_TYPES[0], choices=TABLE_TYPES)
+    p.add_argument("--index", default=defaults.type, choices=INDEX_TYPES)
+    p.add_argument("--engine", default=defaults.engine, choices=BUCKET_ENGINES)
+    p.add_argument("--buckets", type=int, default=defaults.num_buckets)
+    p.add_argument("--scope", default=defaults.scope, choices=INDEX_SCOPES,
                    help="bloom index: keys unique per partition, or across the table")
-    p.add_argument("--metadata-index", action="append", choices=["column_stats", "bloom_filter"])
+    p.add_argument("--metadata-index", action="append", choices=METADATA_INDEXES)
     p.add_argument("--option", action="append", help="key=value table option (repeatable)")
     p.set_defaults(func=cmd_create)
     for operation in ("upsert", "insert", "delete"):

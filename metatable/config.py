@@ -42,8 +42,10 @@ OPTIONS: dict[str, Option] = {
                "file slices kept per metadata file group by clean (the latest counts)", minimum=1),
         Option("metadata.auto_compact", bool, True, "compact (and clean) the metadata table after each commit"),
         Option("lock.timeout_s", float, 60.0, "how long to wait for the table lock", minimum=0.0),
+        Option("metadata.files.file_groups", int, 1, "file groups of the files partition", minimum=1),
         Option("metadata.column_stats.file_groups", int, 2, "file groups of the column_stats partition", minimum=1),
         Option("metadata.bloom_filter.file_groups", int, 2, "file groups of the bloom_filter partition", minimum=1),
+        Option("metadata.hashing_meta.file_groups", int, 1, "file groups of the hashing_meta partition", minimum=1),
         Option("index.bloom.fpp", float, 0.001,
                "target false-positive rate of per-file bloom filters (see docs/design-notes.md for the measurement)",
                minimum=1e-9),
@@ -88,3 +90,11 @@ def resolve(options: Mapping[str, Any] | None) -> dict[str, Any]:
             raise ConfigError(f"unknown option {name!r}; valid options:\n  {valid}")
         resolved[name] = OPTIONS[name].check(value)
     return resolved
+
+
+def file_groups(partition: str, options: Mapping[str, Any] | None = None) -> int:
+    """How many file groups a metadata partition gets (`metadata.<partition>.file_groups`)."""
+    name = f"metadata.{partition}.file_groups"
+    if name not in OPTIONS:
+        raise ConfigError(f"unknown metadata partition {partition!r}: no option {name}")
+    return OPTIONS[name].check((options or {}).get(name, OPTIONS[name].default))

@@ -11,6 +11,7 @@ import io
 from typing import Any
 
 import fastavro
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -18,6 +19,7 @@ from .errors import CorruptFileError
 from .log_file import BlockKind, read_container, write_container
 from .schemas import schema
 from .storage import Storage
+from .table_config import DELETED_COLUMN
 
 
 def avro_row_schema(arrow_schema: pa.Schema) -> Any:
@@ -51,14 +53,24 @@ def _avro_type(t: pa.DataType) -> Any:
 
 def write_data_log(storage: Storage, path: str, instant: str, rows: pa.Table, block_format: str,
                    compression: str = "zstd") -> None:
-    meta = {"metatable.instant": instant, "metatable.block_kind": BlockKind.RECORDS.value,
-            "metatable.format": block_format, "metatable.rows": str(rows.num_rows)}
     if block_format == "parquet":
         buf = io.BytesIO()
         pq.write_table(rows, buf, compression=compression)
-        write_container(storage, path, schema("parquet_block"), [{"parquet": buf.getvalue()}], 1, meta)
+        write_parquet_log(storage, path, instant, buf.getvalue(), rows.num_rows)
     else:
-        write_container(storage, path, avro_row_schema(rows.schema), rows.to_pylist(), rows.num_rows, meta)
+        write_container(storage, path, avro_row_schema(rows.schema), rows.to_pylist(), rows.num_rows,
+                        _meta(instant, block_format, rows.num_rows))
+
+
+def write_parquet_log(storage: Storage, path: str, instant: str, parquet: bytes, rows: int) -> None:
+    """A log block carrying a Parquet file as it is (also a base file that must become a log: its rows,
+    which have no deleted flag, are live)."""
+    write_container(storage, path, schema("parquet_block"), [{"parquet": parquet}], 1, _meta(instant, "parquet", rows))
+
+
+def _meta(instant: str, block_format: str, rows: int) -> dict[str, str]:
+    return {"metatable.instant": instant, "metatable.block_kind": BlockKind.RECORDS.value,
+            "metatable.format": block_format, "metatable.rows": str(rows)}
 
 
 def read_data_log(storage: Storage, path: str, arrow_schema: pa.Schema) -> tuple[str, pa.Table]:
@@ -66,7 +78,7 @@ def read_data_log(storage: Storage, path: str, arrow_schema: pa.Schema) -> tuple
     meta, records = read_container(storage, path)
     try:
         if meta["metatable.format"] == "parquet":
-            rows = pq.read_table(io.BytesIO(records[0]["parquet"])).cast(arrow_schema)
+            rows = _conform(pq.read_table(io.BytesIO(records[0]["parquet"])), arrow_schema)
         else:
             rows = pa.Table.from_pylist(records, schema=arrow_schema)
         expected = int(meta["metatable.rows"])
@@ -75,6 +87,14 @@ def read_data_log(storage: Storage, path: str, arrow_schema: pa.Schema) -> tuple
     if rows.num_rows != expected:
         raise CorruptFileError(path, f"truncated data block: {rows.num_rows} of {expected} rows")
     return meta["metatable.instant"], rows
+
+
+def _conform(table: pa.Table, arrow_schema: pa.Schema) -> pa.Table:
+    """`table` in `arrow_schema`; a missing deleted flag means live rows."""
+    columns = [table[f.name] if f.name in table.column_names
+               else pa.array(np.zeros(table.num_rows, dtype=bool)) if f.name == DELETED_COLUMN
+               else pa.nulls(table.num_rows, f.type) for f in arrow_schema]
+    return pa.Table.from_arrays(columns, names=arrow_schema.names).cast(arrow_schema)
 
 
 def log_row_count(storage: Storage, path: str) -> int:

@@ -47,7 +47,7 @@ def generate_lineitem(workdir: str, scale_factor: float) -> str:
 def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[Step]:
     from pyspark.sql import functions as F
 
-    from .spark_pipeline import arrow_schema_of, spark_session
+    from .spark_engine import arrow_schema_of, spark_session
 
     os.makedirs(workdir, exist_ok=True)
     source = generate_lineitem(workdir, scale_factor)

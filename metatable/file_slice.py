@@ -22,21 +22,33 @@ class FileSlice:
     file_id: str
     base_instant: str
     base: BaseFile | None
-    logs: tuple[LogFile, ...]  # in (instant, version) order
+    logs: tuple[LogFile, ...]  # in merge order (`by_instant` or `by_completion`)
 
     @property
     def file_names(self) -> list[str]:
         return ([self.base.file_name] if self.base else []) + [lf.file_name for lf in self.logs]
 
 
+def by_instant(lf: LogFile) -> tuple:
+    """Logs in the order of their instants (the metadata table: "newer" is the later instant)."""
+    return lf.instant, lf.version
+
+
+def by_completion(lf: LogFile) -> tuple:
+    """Logs in the order their commits completed (data tables): a log's version is fixed when its commit
+    completes, under the table lock, and logs written while a compaction is pending (naming its instant)
+    come after the logs it compacts."""
+    return lf.base_instant, lf.version, lf.instant
+
+
 def latest_slice(partition: str, file_id: str, bases: Iterable[BaseFile], logs: Iterable[LogFile],
-                 base_is_valid: Callable[[str], bool]) -> FileSlice:
+                 base_is_valid: Callable[[str], bool], order: Callable[[LogFile], tuple] = by_instant) -> FileSlice:
     valid = [b for b in bases if b.file_id == file_id and base_is_valid(b.instant)]
     base = max(valid, key=lambda b: b.instant, default=None)
     base_instant = base.instant if base else BOOTSTRAP_TIME
     mine = [lf for lf in logs if lf.file_id == file_id and (
         lf.base_instant == base_instant or (lf.base_instant > base_instant and not base_is_valid(lf.base_instant)))]
-    mine.sort(key=lambda lf: (lf.instant, lf.version))
+    mine.sort(key=order)
     return FileSlice(partition, file_id, base_instant, base, tuple(mine))
 
 

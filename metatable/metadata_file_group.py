@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .file_slice import FileSlice, latest_slice, parse_names
+from .instant import BOOTSTRAP_TIME, Action
 from .log_file import BlockKind, LogFile, read_log
 from .metadata_records import Record, RecordKind
 from .sst_file import SstCache, SstReader
 from .storage import Storage
+from .timeline import Timeline
 
 SENTINEL_KEY = b""
 SST_EXTENSION = "sst"
@@ -31,6 +33,19 @@ class Snapshot:
     valid_instants: frozenset[str]     # record blocks of these instants are visible
     rollbacks: frozenset[str]          # completed rollback instants (their blocks are commands)
     compactions: frozenset[str]        # completed compaction instants (their bases are visible)
+
+    @classmethod
+    def of(cls, timeline: Timeline, authority: Timeline | None) -> Snapshot:
+        """Now: a block is valid once its instant completed on the authority timeline (the data table's), or
+        on the metadata table's own timeline as a deltacommit when it stands alone (`authority` None)."""
+        done = timeline.completed()
+        if authority is None:
+            valid = {i.time for i in done if i.action is Action.DELTACOMMIT}
+        else:
+            valid = {i.time for i in authority.completed()}
+        return cls(valid_instants=frozenset(valid),
+                   rollbacks=frozenset(i.time for i in done if i.action is Action.ROLLBACK),
+                   compactions=frozenset({BOOTSTRAP_TIME} | {i.time for i in done if i.action is Action.COMPACTION}))
 
 
 def resolve_slice(partition: str, file_id: str, names: list[str], compactions: frozenset[str]) -> FileSlice:

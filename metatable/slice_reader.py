@@ -1,7 +1,6 @@
 """Reading a data file slice: its base (Parquet) merged with its logs."""
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import numpy as np
@@ -12,35 +11,31 @@ import pyarrow.parquet as pq
 from .data_log import read_data_log
 from .file_slice import FileSlice
 from .key_pages import key_pages
+from .paths import TablePaths
 from .record_merge import merge_versions
 from .storage import Storage
 from .table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
 
 
-def partition_dir(root: str, partition: str) -> str:
-    return root if partition == "." else os.path.join(root, partition)
+def base_path(paths: TablePaths, fs: FileSlice) -> str | None:
+    return paths.file(fs.partition, fs.base.file_name) if fs.base else None
 
 
-def base_path(root: str, fs: FileSlice) -> str | None:
-    return os.path.join(partition_dir(root, fs.partition), fs.base.file_name) if fs.base else None
-
-
-def log_tables(storage: Storage, root: str, config: TableConfig, fs: FileSlice,
+def log_tables(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice,
                columns: Sequence[str]) -> list[pa.Table]:
-    directory = partition_dir(root, fs.partition)
-    return [read_data_log(storage, os.path.join(directory, lf.file_name), config.log_schema)[1].select(columns)
+    return [read_data_log(storage, paths.file(fs.partition, lf.file_name), config.log_schema)[1].select(columns)
             for lf in fs.logs]
 
 
-def read_slice(storage: Storage, root: str, config: TableConfig, fs: FileSlice | None,
+def read_slice(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice | None,
                read_optimized: bool = False) -> pa.Table:
     """Every live row of the slice in the storage schema (base only when `read_optimized`)."""
     schema = config.storage_schema
-    path = base_path(root, fs) if fs else None
+    path = base_path(paths, fs) if fs else None
     base = pq.read_table(path, schema=schema) if path else schema.empty_table()
     if read_optimized or fs is None or not fs.logs:
         return base
-    logs = log_tables(storage, root, config, fs, config.log_schema.names)
+    logs = log_tables(storage, paths, config, fs, config.log_schema.names)
     return merge_versions([base, *logs], config.ordering_field, schema)
 
 
@@ -91,15 +86,15 @@ def key_column(path: str) -> tuple[pa.ChunkedArray, int]:
 LogKeys = tuple[pa.ChunkedArray, pa.ChunkedArray]
 
 
-def log_keys(storage: Storage, root: str, config: TableConfig, fs: FileSlice) -> LogKeys:
+def log_keys(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice) -> LogKeys:
     """What a slice's logs say about existence: the keys they touch, and those alive after them."""
-    logs = log_tables(storage, root, config, fs, [KEY_COLUMN, DELETED_COLUMN])
+    logs = log_tables(storage, paths, config, fs, [KEY_COLUMN, DELETED_COLUMN])
     touched = pa.concat_tables(logs)[KEY_COLUMN]
     alive = merge_versions(logs, None, pa.schema([(KEY_COLUMN, pa.string())]))[KEY_COLUMN]
     return touched, alive
 
 
-def live_mask(storage: Storage, root: str, config: TableConfig, fs: FileSlice | None,
+def live_mask(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice | None,
               candidates: pa.Array | pa.ChunkedArray, in_base: np.ndarray | None = None,
               logs: LogKeys | None = None) -> np.ndarray:
     """Which candidate keys are live in the slice. Only the logs (small) are merged; the base's key
@@ -109,12 +104,12 @@ def live_mask(storage: Storage, root: str, config: TableConfig, fs: FileSlice | 
     n = len(candidates)
     if fs is None:
         return np.zeros(n, dtype=bool)
-    path = base_path(root, fs)
+    path = base_path(paths, fs)
     if in_base is None:
         in_base = base_keys_present(path, candidates)[0] if path else np.zeros(n, dtype=bool)
     if not fs.logs:
         return in_base
-    touched, alive = logs or log_keys(storage, root, config, fs)
+    touched, alive = logs or log_keys(storage, paths, config, fs)
     in_logs = members(candidates, touched)
     alive_in_logs = members(candidates, alive)
     return np.where(in_logs, alive_in_logs, in_base)

@@ -13,6 +13,9 @@ from .errors import ConfigError, InvalidInputError
 
 TABLE_TYPES = ("merge_on_read", "copy_on_write")
 METADATA_INDEXES = ("bloom_filter", "column_stats")
+INDEX_TYPES = ("bucket", "bloom")
+BUCKET_ENGINES = ("simple",)  # "consistent_hashing" joins with its implementation
+INDEX_SCOPES = ("partition", "global")
 
 KEY_COLUMN = "_mt_record_key"     # stored in every data file
 DELETED_COLUMN = "_mt_is_deleted"  # stored in merge-on-read log blocks
@@ -23,7 +26,7 @@ META_COLUMNS = (KEY_COLUMN, DELETED_COLUMN)
 class IndexConfig:
     """How a write finds a record's file group.
 
-    type "bucket": engine "simple" (hash32(key) % num_buckets, fixed) or "consistent_hashing";
+    type "bucket": engine "simple" (hash32(key) % num_buckets, fixed buckets per partition);
     type "bloom": the metadata-backed bloom index; `scope` "partition" (a key is unique within its partition)
     or "global" (unique across partitions: an update goes to the file group that holds the key).
     """
@@ -34,17 +37,14 @@ class IndexConfig:
     scope: str = "partition"
 
     def __post_init__(self) -> None:
-        if self.type not in ("bucket", "bloom"):
-            raise ConfigError(f"index type must be 'bucket' or 'bloom', got {self.type!r}")
-        if self.type == "bucket" and self.engine not in ("simple", "consistent_hashing"):
-            raise ConfigError(f"bucket index engine must be 'simple' or 'consistent_hashing', got {self.engine!r}")
+        if self.type not in INDEX_TYPES:
+            raise ConfigError(f"index type must be one of {list(INDEX_TYPES)}, got {self.type!r}")
+        if self.type == "bucket" and self.engine not in BUCKET_ENGINES:
+            raise ConfigError(f"bucket index engine must be one of {list(BUCKET_ENGINES)}, got {self.engine!r}")
         if not isinstance(self.num_buckets, int) or self.num_buckets < 1:
             raise ConfigError(f"num_buckets must be a positive integer, got {self.num_buckets!r}")
-        if self.scope not in ("partition", "global"):
-            raise ConfigError(f"index scope must be 'partition' or 'global', got {self.scope!r}")
-        if self.engine == "consistent_hashing":
-            raise ConfigError("the consistent_hashing engine is not available yet; use engine='simple' or "
-                              "type='bloom'")
+        if self.scope not in INDEX_SCOPES:
+            raise ConfigError(f"index scope must be one of {list(INDEX_SCOPES)}, got {self.scope!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "engine": self.engine, "num_buckets": self.num_buckets, "scope": self.scope}
@@ -125,14 +125,8 @@ class TableConfig:
         return [KEY_COLUMN] + primitive[:self.options["column_stats.max_columns"]]
 
     def metadata_partitions(self) -> dict[str, int]:
-        parts = {"files": 1}
-        if "column_stats" in self.metadata_indexes:
-            parts["column_stats"] = self.options["metadata.column_stats.file_groups"]
-        if "bloom_filter" in self.metadata_indexes:
-            parts["bloom_filter"] = self.options["metadata.bloom_filter.file_groups"]
-        if self.index.engine == "consistent_hashing" and self.index.type == "bucket":
-            parts["hashing_meta"] = 1
-        return parts
+        """The metadata table's partitions and their file-group counts."""
+        return {p: config.file_groups(p, self.options) for p in ("files", *self.metadata_indexes)}
 
     def to_json(self) -> str:
         overridden = {k: v for k, v in self.options.items() if v != config.OPTIONS[k].default}

@@ -14,22 +14,23 @@ from .errors import InvalidInputError, TimelineError
 from .heartbeat import Heartbeat, is_expired
 from .instant import Action, Instant, State, next_time, validate_time
 from .lock import TableLock
+from .paths import TablePaths
 from .storage import Storage, is_temporary
 
 log = logging.getLogger(__name__)
 
-META_DIR = ".metatable"
 _STATE_RANK = {State.REQUESTED: 0, State.INFLIGHT: 1, State.COMPLETED: 2}
 
 
 class Timeline:
     def __init__(self, storage: Storage, root: str, lock: TableLock | None = None,
                  heartbeat_interval_s: float = 5.0, heartbeat_misses: int = 6) -> None:
+        paths = TablePaths(root)
         self.storage = storage
         self.root = root
-        self.dir = os.path.join(root, META_DIR, "timeline")
-        self.heartbeat_dir = os.path.join(root, META_DIR, "heartbeats")
-        self.lock = lock or TableLock(os.path.join(root, META_DIR, "lock"))
+        self.dir = paths.timeline
+        self.heartbeat_dir = paths.heartbeats
+        self.lock = lock or TableLock(paths.lock)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_misses = heartbeat_misses
 
@@ -86,14 +87,16 @@ class Timeline:
         return next_time(last)
 
     def request(self, action: Action, time: str | None = None, plan: dict[str, Any] | None = None,
-                others: Sequence[Timeline] = ()) -> Instant:
-        """Make a new instant in the requested state, with a first heartbeat (under the lock)."""
+                others: Sequence[Timeline] = (), beat: bool = True) -> Instant:
+        """Make a new instant in the requested state (under the lock). `beat` gives it a first heartbeat,
+        for an instant its maker starts at once; a plan that waits for whoever runs it has none."""
         with self.lock.held():
             time = time or self.new_time(*others)
             instant = Instant(time, action, State.REQUESTED)
             if self.get(time, action) is not None:
                 raise TimelineError(f"instant {time} {action.value} already exists on {self.dir}")
-            self.heartbeat(instant).beat()
+            if beat:
+                self.heartbeat(instant).beat()
             self._write(instant, plan)
             return instant
 
@@ -112,6 +115,15 @@ class Timeline:
 
     def complete(self, instant: Instant, metadata: dict[str, Any] | None = None) -> Instant:
         return self.transition(instant, State.COMPLETED, metadata or {})
+
+    def revert(self, instant: Instant) -> Instant:
+        """An inflight instant back to requested (its plan stays), for a service whose process died."""
+        current = self.get(instant.time, instant.action)
+        if current is None or current.state is not State.INFLIGHT:
+            raise TimelineError(f"cannot revert {current or instant} to requested: it is not inflight")
+        self.storage.delete(os.path.join(self.dir, current.file_name))
+        self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
+        return current.to(State.REQUESTED)
 
     def remove(self, instant: Instant) -> None:
         """Delete every state file of an instant, completed state first so it vanishes atomically for readers."""

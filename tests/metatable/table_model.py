@@ -69,7 +69,7 @@ def data_files_on_disk(table: Table) -> set[str]:
 
 def files_in_metadata(table: Table) -> set[str]:
     out = set()
-    for partition, names in table._live_files().items():
+    for partition, names in table.context.view().live_files.items():
         out |= {name if partition == "." else f"{partition}/{name}" for name in names}
     return out
 

@@ -1,13 +1,16 @@
-"""Child process for table concurrency tests: one write from JSON rows, result on stdout.
+"""Child process for table concurrency tests: one action from JSON arguments, result on stdout.
 
-usage: python -m tests.metatable.table_writer_child ROOT OPERATION ROWS_JSON
-exit 0: committed (prints the WriteResult as JSON); exit 3: ConflictError (prints the message).
+usage: python -m tests.metatable.table_writer_child ROOT OPERATION ROWS_JSON [OPTIONS_JSON [START_AT]]
+OPERATION: upsert, insert, delete, compact, schedule_compaction or run_compaction. START_AT: a wall-clock
+time to wait for, so that several children act at once.
+exit 0: done (prints the WriteResult or the instants as JSON); exit 3: ConflictError (prints the message).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import sys
+import time
 
 import pyarrow as pa
 
@@ -19,14 +22,20 @@ from .table_model import SCHEMA
 
 def main() -> None:
     root, operation, rows = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    table = mt.Table.open(root)
+    options = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
+    table = mt.Table.open(root, options=options)
     data = pa.Table.from_pylist(rows, schema=SCHEMA)
+    if len(sys.argv) > 5:
+        time.sleep(max(0.0, float(sys.argv[5]) - time.time()))
     try:
-        result = getattr(table, operation)(data if operation != "delete" else data.select(["id", "p"]))
+        if operation in ("upsert", "insert", "delete"):
+            result = getattr(table, operation)(data if operation != "delete" else data.select(["id", "p"]))
+            print(json.dumps(dataclasses.asdict(result)))
+        else:
+            print(json.dumps(getattr(table, operation)()))
     except ConflictError as e:
         print(str(e))
         sys.exit(3)
-    print(json.dumps(dataclasses.asdict(result)))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ ALL_KEYS = pa.table({"id": [i for i in range(18) for _ in "abc"], "p": [p for _ 
 def ground_truth(table) -> dict[tuple[str, int], tuple[str, str]]:
     truth = {}
     for (partition, file_id), fs in table.file_slices().items():
-        for row in read_slice(table.storage, table.path, table.config, fs).select(["id", "p"]).to_pylist():
+        for row in read_slice(table.storage, table.context.paths, table.config, fs).select(["id", "p"]).to_pylist():
             truth[(row["p"], row["id"])] = (partition, file_id)
     return truth
 
@@ -64,13 +64,13 @@ def test_explain_and_unindexed_files(tmp_path):
     mdt = table.metadata
     stats_keys = [k for k, _ in mdt.scan("column_stats")]
     bloom_keys = [k for k, _ in mdt.scan("bloom_filter")]
-    with table._timeline.lock.held():
-        instant = table._timeline.request(Action.DELTACOMMIT)
+    with table.context.timeline.lock.held():
+        instant = table.context.timeline.request(Action.DELTACOMMIT)
         mdt.begin(instant.time)
         mdt.write(instant.time, {"column_stats": {k: None for k in stats_keys},
                                  "bloom_filter": {k: None for k in bloom_keys}})
         mdt.complete(instant.time)
-        table._timeline.complete(table._timeline.start(instant), {"file_groups": []})
+        table.context.timeline.complete(table.context.timeline.start(instant), {"file_groups": []})
     table = mt.Table.open(table.path)  # a table object keeps the filters it read: a new reader
     result, report = table.lookup(pa.table({"id": [5], "p": ["a"]}), explain=True, using="metadata")
     assert result["file_id"].to_pylist()[0] is not None

@@ -1,38 +1,33 @@
-"""Where keys live: `Table.lookup`, and the bloom index's tagging of writes.
+"""Finding keys among a snapshot's file slices: for `Table.lookup` and for the bloom index's tagging.
 
-Bucket index: the key's file group is computed, then verified. Otherwise the
-three-level lookup of `indexes.lookup` runs over the base files of each
-partition's latest slices, with record-key ranges and bloom filters from the
-metadata table (a base file that has neither stays a candidate, and the report
-counts it). Merge-on-read keys that live only in logs are found through the
-slices whose logs mention them. Verification always reads the slice itself:
-the base's key column and its logs' keys and delete markers.
+With a computed index (bucket), level 1 is each key's file group; otherwise the three-level lookup of
+`indexes.lookup` runs over the base files of each partition's latest slices, with record-key ranges and
+bloom filters from the metadata table (a base file that has neither stays a candidate, and the report
+counts it). Merge-on-read keys that live only in logs are found through the slices whose logs mention
+them. Verification always reads the slice itself: the base's key pages or key column, and its logs' keys
+and delete markers.
 """
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from indexes.arrow_keys import bucket_ids, partition_paths, record_keys
-from indexes.bucket import bucket_file_id
 from indexes.bloom import BloomFilter, BloomFilterSet
 from indexes.keys import bloom_filter_key, column_stats_key
 from indexes.lookup import CandidateFile, Filters, LevelReport, distinct, filter_and_verify, lookup
 
-from .errors import InvalidInputError
 from .file_slice import FileSlice
 from .key_pages import key_pages
+from .metadata_table import MetadataTable
+from .paths import TablePaths
 from .slice_reader import LogKeys, SortedKeys, base_keys_present, base_path, live_mask, log_keys, members
 from .storage import Storage
 from .table_config import KEY_COLUMN, TableConfig
-
-if TYPE_CHECKING:
-    from .metadata_table import MetadataTable
-    from .table import Table
 
 KeyRange = tuple[Any, Any]
 BLOOM_CACHE_BYTES = 256 << 20  # bloom filters kept in memory per table object
@@ -60,6 +55,8 @@ class Explain:
 
 
 FileRef = tuple[str, str]  # (partition, base file name)
+# (keys, partitions) -> per partition, each key's file group there (as the index computes it)
+FileIdsOf = Callable[[pa.Array, Sequence[str]], Mapping[str, pa.Array]]
 
 
 class MetadataIndex:
@@ -118,10 +115,11 @@ class MetadataIndex:
 class SliceLocator:
     """Finds keys among a fixed set of file slices (one snapshot)."""
 
-    def __init__(self, storage: Storage, root: str, config: TableConfig, slices: Mapping[tuple[str, str], FileSlice],
+    def __init__(self, storage: Storage, paths: TablePaths, config: TableConfig,
+                 slices: Mapping[tuple[str, str], FileSlice],
                  ranges: Callable[[Sequence[FileRef]], Mapping[FileRef, KeyRange]],
                  filters: Callable[[Sequence[FileRef]], Filters], cache_base_keys: int = 0) -> None:
-        self.storage, self.root, self.config = storage, root, config
+        self.storage, self.paths, self.config = storage, paths, config
         self.ranges, self.filters = ranges, filters
         self.cache_base_keys = cache_base_keys  # how many base files' sorted keys to keep (0: read each time)
         self._base_keys: OrderedDict[str, SortedKeys] = OrderedDict()
@@ -136,7 +134,7 @@ class SliceLocator:
         candidates = pa.array(keys, pa.string())
         in_base = None
         if fs.base:
-            path = base_path(self.root, fs)
+            path = base_path(self.paths, fs)
             cached = self._base_keys.pop(path, None)
             if cached is None and self.cache_base_keys and len(keys) > self._page_limit(path):
                 cached = SortedKeys(path)
@@ -149,13 +147,13 @@ class SliceLocator:
                 in_base, read = base_keys_present(path, candidates)
                 explain.base_files_read += 1
                 explain.base_bytes_read += read
-        return live_mask(self.storage, self.root, self.config, fs, candidates, in_base,
+        return live_mask(self.storage, self.paths, self.config, fs, candidates, in_base,
                          self._logs(fs) if fs.logs else None)
 
     def _logs(self, fs: FileSlice) -> LogKeys:
         key = (fs.partition, fs.file_id)
         if key not in self._log_keys:
-            self._log_keys[key] = log_keys(self.storage, self.root, self.config, fs)
+            self._log_keys[key] = log_keys(self.storage, self.paths, self.config, fs)
         return self._log_keys[key]
 
     @staticmethod
@@ -163,7 +161,7 @@ class SliceLocator:
         pages = key_pages(path)
         return pages.page_count // 2 if pages is not None else 0
 
-    def find(self, keys: list[str], partitions: Sequence[str], use_buckets: bool,
+    def find(self, keys: list[str], partitions: Sequence[str], file_ids_of: FileIdsOf | None,
              explain: Explain) -> dict[int, FileSlice]:
         """key index -> the slice holding it, searching `partitions` in order (the first one wins)."""
         with_base = [fs for p in partitions for fs in self.by_partition.get(p, []) if fs.base]
@@ -175,8 +173,8 @@ class SliceLocator:
         def verify(index: int, key_indexes: np.ndarray) -> np.ndarray:
             return self.verify(with_base[index], [keys[i] for i in key_indexes], explain)
 
-        if use_buckets:
-            key_idx, file_idx = self._bucket_candidates(keys, with_base)
+        if file_ids_of is not None:
+            key_idx, file_idx = self._computed_candidates(keys, with_base, file_ids_of)
             n = len(keys)
             first = LevelReport("1 bucket", n, n * len(partitions), distinct(key_idx, n), len(key_idx))
             result = filter_and_verify(keys, key_idx, file_idx, first, load_filters, verify)
@@ -190,17 +188,21 @@ class SliceLocator:
         self._find_in_logs(keys, partitions, found, explain)
         return found
 
-    def _bucket_candidates(self, keys: list[str], with_base: list[FileSlice]) -> tuple[np.ndarray, np.ndarray]:
-        """Each key paired with its bucket's file group in every partition that has one."""
-        buckets = bucket_ids(pa.array(keys, pa.string()), self.config.index.num_buckets) if keys \
-            else np.zeros(0, dtype=np.int64)
-        where = {(fs.partition, fs.file_id): i for i, fs in enumerate(with_base)}
+    @staticmethod
+    def _computed_candidates(keys: list[str], with_base: list[FileSlice],
+                             file_ids_of: FileIdsOf) -> tuple[np.ndarray, np.ndarray]:
+        """Each key paired with the file group the index computes for it, in every partition that has it."""
+        partitions = list(dict.fromkeys(fs.partition for fs in with_base))
+        computed = file_ids_of(pa.array(keys, pa.string()), partitions) if keys else {}
         key_parts, file_parts = [], []
-        for partition in dict.fromkeys(fs.partition for fs in with_base):
-            slot = np.array([where.get((partition, bucket_file_id(b)), -1)
-                             for b in range(self.config.index.num_buckets)])[buckets]
-            key_parts.append(np.flatnonzero(slot >= 0))
-            file_parts.append(slot[slot >= 0])
+        for partition in partitions if keys else []:
+            mine = [i for i, fs in enumerate(with_base) if fs.partition == partition]
+            ids = computed[partition]
+            position = pc.fill_null(pc.index_in(ids, value_set=pa.array([with_base[i].file_id for i in mine])), -1)
+            position = position.to_numpy(zero_copy_only=False)
+            hit = np.flatnonzero(position >= 0)
+            key_parts.append(hit)
+            file_parts.append(np.array(mine, dtype=np.int64)[position[hit]])
         if not key_parts:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return np.concatenate(key_parts), np.concatenate(file_parts)
@@ -217,7 +219,7 @@ class SliceLocator:
                 alive = np.array(mentioned)[self.verify(fs, [keys[i] for i in mentioned], explain)]
                 found.update({int(i): fs for i in alive})
 
-    def locate(self, keys: list[str], partitions: list[str] | None, use_buckets: bool,
+    def locate(self, keys: list[str], partitions: list[str] | None, file_ids_of: FileIdsOf | None,
                explain: Explain) -> tuple[list[str | None], list[str | None]]:
         """(partition, file id) of every key, None where absent; without `partitions`, search them all (a
         key that several partitions hold is reported in one of them: pass partitions to choose)."""
@@ -232,32 +234,10 @@ class SliceLocator:
             scopes = dict(zip(names.tolist(), np.split(order, np.cumsum(np.bincount(which))[:-1])))
         for scope, wanted in scopes.items():
             searched = sorted(self.by_partition) if scope is None else [scope]
-            found = self.find([keys[i] for i in wanted], searched, use_buckets, explain)
+            found = self.find([keys[i] for i in wanted], searched, file_ids_of, explain)
             if found:
                 hits = wanted[np.fromiter(found, dtype=np.int64, count=len(found))]
                 out_partition[hits] = [fs.partition for fs in found.values()]
                 out_file[hits] = [fs.file_id for fs in found.values()]
         return out_partition.tolist(), out_file.tolist()
 
-
-def locate(table: Table, data: pa.Table, by_metadata: bool = False) -> tuple[pa.Table, Explain]:
-    config = table.config
-    keys = record_keys(data, config.record_key).to_pylist()
-    scoped = all(c in data.column_names for c in config.partition_by)
-    partitions = partition_paths(data, config.partition_by).to_pylist() if scoped else None
-    bucket = config.index.type == "bucket" and not by_metadata
-    explain = Explain("bucket" if bucket else "metadata (column_stats ranges, bloom filters)")
-    index = table.metadata_index
-    locator = SliceLocator(table.storage, table.path, config, table.file_slices(), index.ranges, index.filters)
-    out_partition, out_file = locator.locate(keys, partitions, bucket, explain)
-    result = pa.table({"key": pa.array(keys, pa.string()), "partition": pa.array(out_partition, pa.string()),
-                       "file_id": pa.array(out_file, pa.string())})
-    return result, explain
-
-
-def keys_table(data: Any) -> pa.Table:
-    if isinstance(data, pa.Table):
-        return data
-    if type(data).__name__ == "DataFrame" and hasattr(data, "toArrow"):
-        return data.toArrow()  # a lookup's keys are a small, narrow set
-    raise InvalidInputError(f"lookup keys must be a pyarrow Table or a Spark DataFrame, got {type(data).__name__}")

@@ -1,10 +1,10 @@
 """The Spark side: a local session, the distributed write, and snapshot reads as DataFrames.
 
-Writes: an Arrow UDF tags each row (key, partition path, file group) from its
-key and partition columns, Spark shuffles and sorts by file group, and a second `mapInArrow` writes each
-file group on an executor as its rows stream past, returning one statistics row
-per file; only those rows reach the driver. Reads: base files that need no merge go to Spark's own Parquet
-reader; file slices with logs are merged by `mapInArrow` tasks, one slice at a time.
+Writes: an Arrow UDF tags each row (key, partition path, file group, and a second file group for a dual
+write) from its key and partition columns, Spark shuffles and sorts by file group, and `mapInArrow` writes
+each file group on an executor as its rows stream past, returning one statistics row per file; only those
+rows reach the driver. Reads: base files that need no merge go to Spark's own Parquet reader; file slices
+with logs are merged by `mapInArrow` tasks, one slice at a time.
 """
 from __future__ import annotations
 
@@ -12,17 +12,23 @@ import os
 import re
 import sys
 from functools import partial
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
 from .errors import InvalidInputError, MetatableError
 from .file_slice import FileSlice
+from .paths import TablePaths
 from .slice_reader import base_path, read_slice
 from .storage import LocalStorage
 from .table_config import KEY_COLUMN, TableConfig
-from .tagging import tag_inputs, tagger_for
-from .write_path import FILE_ID_COLUMN, PARTITION_COLUMN, STATS_SCHEMA, WriteTask, conform, write_sorted_batches
+from .tagging import Tagger, tag_inputs
+from .write_engine import write_sorted_batches
+from .write_input import conformed_schema
+from .write_task import FILE_ID_COLUMN, PARTITION_COLUMN, WriteTask
+from .written import STATS_SCHEMA
+
+DUAL_FILE_ID_COLUMN = "_mt_dual_file_id"
 
 
 def spark_session(master: str = "local[2]", app_name: str = "metatable", shuffle_partitions: int = 4,
@@ -43,6 +49,12 @@ def spark_session(master: str = "local[2]", app_name: str = "metatable", shuffle
     return builder.getOrCreate()
 
 
+def active_session(spark: Any = None):
+    from pyspark.sql import SparkSession
+
+    return spark or SparkSession.getActiveSession() or spark_session()
+
+
 def is_dataframe(data: object) -> bool:
     return type(data).__name__ == "DataFrame" and hasattr(data, "mapInArrow")
 
@@ -59,39 +71,51 @@ def arrow_schema_of(df) -> pa.Schema:
     return to_arrow_schema(df.schema)
 
 
+def conform_dataframe(df, config: TableConfig, operation: str):
+    """The DataFrame in the table's columns and types; schema problems raise here, on the driver."""
+    from pyspark.sql import functions as F
+
+    target = conformed_schema(arrow_schema_of(df), config, operation)
+    return df.select(*[F.col(f.name).cast(t.dataType).alias(f.name)
+                       for f, t in zip(target, to_spark_schema(target).fields)])
+
+
 def _tag_udf(task: WriteTask):
-    """An Arrow UDF over only the key and partition columns, returning (key, partition, file id): the wide
-    rows stay in the JVM until the write stage (measured: ~2x faster than tagging whole rows in Python)."""
+    """An Arrow UDF over only the key and partition columns, returning (key, partition, file id, dual file id):
+    the wide rows stay in the JVM until the write stage (measured: ~2x faster than tagging whole rows in
+    Python)."""
     from pyspark.sql.functions import arrow_udf
 
     names = tag_inputs(task.config)
-    tagger = tagger_for(task)
+    tagger = Tagger(task)
 
     def tag_struct(*arrays: pa.Array) -> pa.Array:
-        keys, partitions, ids = tagger(pa.table(list(arrays), names=names))
-        return pa.StructArray.from_arrays([keys, partitions, ids],
-                                          names=[KEY_COLUMN, PARTITION_COLUMN, FILE_ID_COLUMN])
+        keys, a = tagger(pa.table(list(arrays), names=names))
+        dual = a.dual_file_ids if a.dual_file_ids is not None else pa.nulls(len(keys), pa.string())
+        return pa.StructArray.from_arrays([keys, a.partitions, a.file_ids, dual],
+                                          names=[KEY_COLUMN, PARTITION_COLUMN, FILE_ID_COLUMN, DUAL_FILE_ID_COLUMN])
 
-    returns = f"struct<{KEY_COLUMN}: string, {PARTITION_COLUMN}: string, {FILE_ID_COLUMN}: string>"
+    returns = (f"struct<{KEY_COLUMN}: string, {PARTITION_COLUMN}: string, {FILE_ID_COLUMN}: string, "
+               f"{DUAL_FILE_ID_COLUMN}: string>")
     return arrow_udf(tag_struct, returns).asNondeterministic(), names
 
 
-def write_dataframe(task: WriteTask, df) -> pa.Table:
-    """Run the write on Spark; returns the statistics of every file written."""
+def run_spark(task: WriteTask, df) -> pa.Table:
+    """Run the write of a conformed DataFrame on Spark; returns the statistics of every file written."""
     from pyspark.sql import functions as F
 
-    config, operation = task.config, task.operation
-    # schema problems surface here, on the driver, before any job runs
-    conformed = conform(arrow_schema_of(df).empty_table(), config, operation).schema
-    columns = [F.col(f.name).cast(t.dataType).alias(f.name)
-               for f, t in zip(conformed, to_spark_schema(conformed).fields)]
     udf, inputs = _tag_udf(task)
-    tagged = df.select(*columns, udf(*[F.col(c) for c in inputs]).alias("_mt_tag")) \
-        .select(*conformed.names, f"_mt_tag.{KEY_COLUMN}", f"_mt_tag.{PARTITION_COLUMN}", f"_mt_tag.{FILE_ID_COLUMN}") \
+    columns = df.columns
+    tag = udf(*[F.col(c) for c in inputs])
+    # a dual write repeats the row for its second file group: one explode, so the UDF runs once per row
+    file_id, dual = F.col(f"_mt_tag.{FILE_ID_COLUMN}"), F.col(f"_mt_tag.{DUAL_FILE_ID_COLUMN}")
+    targets = F.explode(F.when(dual.isNull(), F.array(file_id)).otherwise(F.array(file_id, dual)))
+    tagged = df.select(*columns, tag.alias("_mt_tag")) \
+        .select(*columns, f"_mt_tag.{KEY_COLUMN}", f"_mt_tag.{PARTITION_COLUMN}", targets.alias(FILE_ID_COLUMN)) \
         .where(F.col(FILE_ID_COLUMN).isNotNull())
     # measured at SF 1 on 2 cores: 8 write tasks 3.7 s, 4 tasks 3.0 s, 2 tasks 2.9 s; a task streams one file
     # group at a time, so one task per core costs no memory
-    partitions = config.options["write.shuffle_partitions"] or df.sparkSession.sparkContext.defaultParallelism
+    partitions = task.config.options["write.shuffle_partitions"] or df.sparkSession.sparkContext.defaultParallelism
     # measured: repartition + sort + mapInArrow is ~2 s faster than groupBy().applyInArrow at SF 1,
     # and streaming sorted batches holds one file group's rows at a time
     grouped = tagged.repartition(partitions, PARTITION_COLUMN, FILE_ID_COLUMN) \
@@ -113,20 +137,25 @@ def unwrap_spark_error(e: Exception) -> Exception:
     return MetatableError(f"the Spark job failed: {first}")
 
 
-def _read_slices(root: str, config: TableConfig, slices: Sequence[FileSlice], read_optimized: bool,
+def partition_counts(df, columns: Sequence[str]) -> pa.Table:
+    """Rows per value of the partition columns: a small aggregation (only those columns)."""
+    return df.groupBy(*columns).count().toArrow() if columns else pa.table({"count": [df.count()]})
+
+
+def _read_slices(paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice], read_optimized: bool,
                  batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     storage = LocalStorage()
     names = config.schema.names
     for batch in batches:
         for index in batch.column(0).to_pylist():
-            yield from read_slice(storage, root, config, slices[index], read_optimized).select(names).to_batches()
+            yield from read_slice(storage, paths, config, slices[index], read_optimized).select(names).to_batches()
 
 
-def read_dataframe(spark, root: str, config: TableConfig, slices: Sequence[FileSlice], read_optimized: bool):
+def read_dataframe(spark, paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice], read_optimized: bool):
     """A snapshot of the given file slices as a DataFrame in the table's schema."""
     schema = to_spark_schema(config.schema)
     names = config.schema.names
-    plain = [base_path(root, s) for s in slices if s.base and (read_optimized or not s.logs)]
+    plain = [base_path(paths, s) for s in slices if s.base and (read_optimized or not s.logs)]
     merged = [s for s in slices if s.logs and not read_optimized]
     frames = []
     if plain:
@@ -134,12 +163,10 @@ def read_dataframe(spark, root: str, config: TableConfig, slices: Sequence[FileS
     if merged:
         parallelism = max(1, min(len(merged), spark.sparkContext.defaultParallelism * 2))
         ids = spark.range(len(merged), numPartitions=parallelism)
-        frames.append(ids.mapInArrow(partial(_read_slices, root, config, merged, read_optimized), schema))
+        frames.append(ids.mapInArrow(partial(_read_slices, paths, config, merged, read_optimized), schema))
     if not frames:
         return spark.createDataFrame([], schema)
     result = frames[0]
     for frame in frames[1:]:
         result = result.unionByName(frame)
     return result
-
-

@@ -1,0 +1,94 @@
+"""Merge-on-read compaction, a table service: rewrite every file group that has logs as a new base file.
+
+The plan lists each file group's latest slice as of scheduling. Logs that writers append while it runs go
+to the compaction's own slice (they name its instant as their base, or are re-homed there at commit), so
+nobody waits for it and nothing is lost however it ends. Its base files have fixed names, so a resumed
+compaction rewrites them instead of leaving twins.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from .base_file import PARQUET
+from .base_file_writer import write_base_file
+from .conflicts import Committer
+from .context import TableContext
+from .data_commit import Commit, commit
+from .faults import crash_point
+from .file_slice import by_completion, latest_slice, parse_names
+from .instant import Action, Instant
+from .errors import InvalidInputError
+from .lifecycle import Service, run_due, run_scheduled
+from .slice_reader import read_slice
+from .timeline_view import group_name, parse_group_name
+from .transaction import Content
+from .written import written_files
+
+log = logging.getLogger(__name__)
+
+OUTPUT_TOKEN = "compaction"
+
+
+def compact(context: TableContext) -> str | None:
+    """Compact every file group that has logs (or resume an interrupted compaction); returns the instant,
+    None when there was nothing to do or another process is compacting."""
+    if not context.config.merge_on_read:
+        return None
+    run = run_due(context.transactions, service(context))
+    return run.instant.time if run.instant else None
+
+
+def schedule(context: TableContext) -> str | None:
+    """Plan a compaction of the file groups that have logs (and are not in a pending compaction) as a
+    requested instant, for `run` to execute later."""
+    if not context.config.merge_on_read:
+        return None
+    with context.transactions.lock.held():
+        context.transactions.recover()
+        plan = service(context).plan()
+        return context.transactions.schedule(Action.COMPACTION, plan).time if plan else None
+
+
+def run(context: TableContext, instant: str | None = None) -> list[str]:
+    """Execute the given pending compaction, or every pending one; returns the instants completed."""
+    context.transactions.recover()
+    pending = [i for i in context.timeline.pending([Action.COMPACTION]) if instant is None or i.time == instant]
+    if instant is not None and not pending:
+        raise InvalidInputError(f"no pending compaction {instant} on {context.root}")
+    done = []
+    for candidate in pending:
+        ran = run_scheduled(context.transactions, service(context), candidate)
+        if ran.instant is not None:
+            done.append(ran.instant.time)
+    return done
+
+
+def service(context: TableContext) -> Service[None]:
+    def plan() -> Content | None:
+        view = context.view()
+        busy = {name for i in view.pending([Action.COMPACTION]) for name in view.plan(i).get("file_groups", {})}
+        groups = {name: fs.file_names for (p, fid), fs in view.file_slices.items()
+                  if fs.logs and (name := group_name(p, fid)) not in busy}
+        return {"file_groups": groups} if groups else None
+
+    def execute(instant: Instant, plan: Content) -> None:
+        started = time.monotonic()
+        seen = frozenset(i.time for i in context.timeline.completed())
+        rows = [compact_file_group(context, instant.time, group, names)
+                for group, names in plan["file_groups"].items()]
+        crash_point("table.compaction.files")
+        commit(context, Commit(instant, Committer(Action.COMPACTION), written_files(rows), seen,
+                               file_groups=sorted(plan["file_groups"])))
+        log.info("compacted %d file groups at %s in %.2fs", len(rows), instant.time, time.monotonic() - started)
+
+    return Service(Action.COMPACTION, plan, execute)
+
+
+def compact_file_group(context: TableContext, instant: str, group: str, names: list[str]) -> dict:
+    partition, file_id = parse_group_name(group)
+    bases, logs = parse_names(names, PARQUET)
+    fs = latest_slice(partition, file_id, bases, logs, {b.instant for b in bases}.__contains__, by_completion)
+    rows = read_slice(context.storage, context.paths, context.config, fs)
+    return write_base_file(context.storage, context.paths, context.config, instant, partition, file_id, rows,
+                           write_token=OUTPUT_TOKEN)

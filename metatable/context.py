@@ -1,0 +1,81 @@
+"""A table context: everything an action on a data table needs, opened once and handed to every action.
+
+Storage, paths, the table's config, its timeline, its metadata table and the transactions over its
+timeline. Actions and services take a context, never a `Table`, so they depend on nothing above them.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Mapping
+
+from .data_undo import DataUndo
+from .errors import TableExistsError, TableNotFoundError
+from .instant import Action, Instant
+from .lock import TableLock
+from .metadata_table import MetadataTable
+from .paths import TablePaths
+from .storage import LocalStorage, Storage
+from .table_config import TableConfig
+from .timeline import Timeline
+from .timeline_view import WRITE_ACTIONS, TimelineView
+from .transaction import Transactions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TableContext:
+    paths: TablePaths
+    storage: Storage
+    config: TableConfig
+    timeline: Timeline
+    metadata: MetadataTable
+    transactions: Transactions
+
+    @property
+    def root(self) -> str:
+        return self.paths.root
+
+    def view(self, as_of: str | None = None) -> TimelineView:
+        """What a reader sees now (or as of a completed instant)."""
+        return TimelineView(self.timeline, self.metadata, as_of)
+
+    @classmethod
+    def open(cls, path: str, storage: Storage | None = None, options: Mapping[str, Any] | None = None,
+             roll_forward: Mapping[Action, Callable[[TableContext, Instant], None]] | None = None) -> TableContext:
+        """The context of the table at `path`. `roll_forward`: how to finish a service that cannot be undone
+        (clean), should its process die; the services live above the context, so they hand it in."""
+        storage = storage or LocalStorage()
+        paths = TablePaths(os.path.abspath(path))
+        if not storage.exists(paths.table_config):
+            raise TableNotFoundError(f"no metatable table at {path} (missing {paths.table_config}); use Table.create")
+        config = TableConfig.from_json(storage.read(paths.table_config).decode(), options)
+        opts = config.options
+        timeline = Timeline(storage, paths.root, TableLock(paths.lock, opts["lock.timeout_s"]),
+                            opts["heartbeat.interval_s"], opts["heartbeat.tolerable_misses"])
+        mdt_options = {k: v for k, v in opts.items() if k.startswith(("metadata.", "heartbeat.", "lock."))}
+        try:
+            metadata = MetadataTable(paths.metadata.root, storage=storage, options=mdt_options, authority=timeline)
+        except TableNotFoundError:  # a create that died between its two steps: finish it
+            metadata = MetadataTable.create(paths.metadata.root, config.metadata_partitions(), options=mdt_options,
+                                            storage=storage, authority=timeline)
+        transactions = Transactions(timeline, DataUndo(storage, paths, metadata), name="table",
+                                    writes=WRITE_ACTIONS, services=[Action.COMPACTION],
+                                    others=lambda: [metadata.timeline])
+        context = cls(paths, storage, config, timeline, metadata, transactions)
+        for action, finish in (roll_forward or {}).items():
+            transactions.roll_forward[action] = partial(finish, context)
+        return context
+
+    @staticmethod
+    def create(path: str, config: TableConfig, storage: Storage | None = None) -> str:
+        """Write a new table's config; its metadata table follows when it is first opened."""
+        storage = storage or LocalStorage()
+        paths = TablePaths(os.path.abspath(path))
+        if not storage.create_exclusive(paths.table_config, config.to_json().encode()):
+            raise TableExistsError(f"a table already exists at {paths.root}")
+        log.info("created %s table at %s", config.table_type, paths.root)
+        return paths.root

@@ -1,0 +1,190 @@
+"""Committing an action to a data table, the publishing half of its transaction.
+
+Under the table lock: the conflict check (`conflicts.check`), the files that must move into the file
+slice they land in (re-homed), then the metadata table's deltacommit at the same instant (the `files`,
+`column_stats` and `bloom_filter` records of every new file, plus what the action itself records), and
+finally the commit metadata that completes the instant. A retried commit (a resumed service) first undoes
+what an earlier attempt left in the metadata table.
+"""
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from indexes.bloom import FILTER_TYPE, BloomFilter
+from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key
+
+from .base_file import PARQUET, new_write_token
+from .conflicts import Committer, Concurrent, check, concurrent_with
+from .context import TableContext
+from .data_log import read_data_log, write_parquet_log
+from .faults import crash_point
+from .instant import Instant
+from .log_file import LogFile
+from .markers import clear, mark
+from .slice_reader import base_keys_present, key_column, members
+from .table_config import DELETED_COLUMN, KEY_COLUMN
+from .timeline_view import parse_group_name
+from .transaction import Content
+from .written import WrittenFile
+
+log = logging.getLogger(__name__)
+
+Records = Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What an action hands to its commit."""
+
+    instant: Instant
+    committer: Committer
+    files: Sequence[WrittenFile]
+    seen: frozenset[str]  # the completed instants it began from
+    metadata: Content = field(default_factory=dict)  # commit metadata beyond the files (operation, counts)
+    records: Records = field(default_factory=dict)  # metadata records beyond the new files' own
+    file_groups: Sequence[str] | None = None  # the file groups it changes (default: those of its files)
+
+
+def commit(context: TableContext, c: Commit) -> Instant:
+    done = context.transactions.commit(c.instant, lambda: publish(context, c))
+    clear(context.storage, context.paths, c.instant.time)
+    return done
+
+
+def publish(context: TableContext, c: Commit) -> Content:
+    """Under the lock: check, re-home, write the metadata deltacommit; returns the commit metadata."""
+    time_ = c.instant.time
+    touched = sorted(c.file_groups if c.file_groups is not None else {f.group for f in c.files})
+    concurrent = concurrent_with(context.timeline, c.instant, c.seen)
+    probe = None
+    if context.config.index.type == "bloom":
+        def probe(writes: Sequence[Concurrent]) -> list[str]:
+            return shared_keys(context, c.files, writes)
+    rehome = check(c.committer, c.instant, touched, concurrent, probe)
+    files = rehome_files(context, time_, c.files, rehome) if rehome else list(c.files)
+    records = metadata_records(files, time_)
+    for partition, recs in c.records.items():
+        records.setdefault(partition, {}).update(recs)
+    metadata = context.metadata
+    if metadata.timeline.get(time_) is not None:  # what an interrupted earlier attempt left behind
+        metadata.rollback(time_)
+    metadata.begin(time_)
+    metadata.write(time_, {p: r for p, r in records.items() if p in metadata.partitions})
+    crash_point("table.commit.metadata")
+    metadata.complete(time_)
+    return {**c.metadata, "file_groups": touched, "files": [f.relative for f in files],
+            "completed_at": time.time_ns()}
+
+
+def files_record(names: Mapping[str, int], deleted: bool = False) -> dict[str, Any]:
+    """A `files` partition record listing (or tombstoning) file names with their sizes."""
+    return {"files": {n: {"size": size, "is_deleted": deleted} for n, size in names.items()}, "is_deleted": False}
+
+
+def metadata_records(files: Sequence[WrittenFile], instant: str) -> dict[str, dict[str, Any]]:
+    """The `files`, `column_stats` and `bloom_filter` records of new files."""
+    by_partition: dict[str, dict[str, int]] = {}
+    stats: dict[str, Any] = {}
+    blooms: dict[str, Any] = {}
+    for f in files:
+        by_partition.setdefault(f.partition, {})[f.file_name] = f.size
+        if f.column_stats:
+            stats.update(pickle.loads(f.column_stats))
+        if f.bloom_filter:
+            blooms[bloom_filter_key(f.partition, f.file_name)] = {
+                "file_name": f.file_name, "filter_type": FILTER_TYPE, "instant": instant,
+                "bloom_filter": f.bloom_filter, "is_deleted": False}
+    records: dict[str, dict[str, Any]] = {"files": {p: files_record(n) for p, n in by_partition.items()}}
+    if by_partition:
+        records["files"][ALL_PARTITIONS_KEY] = files_record({p: 0 for p in by_partition})
+    if stats:
+        records["column_stats"] = stats
+    if blooms:
+        records["bloom_filter"] = blooms
+    return records
+
+
+def rehome_files(context: TableContext, instant: str, files: Sequence[WrittenFile],
+                 groups: set[str]) -> list[WrittenFile]:
+    """Move this commit's files of `groups` into the file slice each lands in now: a log gets that slice's
+    next version (so logs are ordered by completion), after a compaction the compaction's base; a base
+    written for a file group that another write created meanwhile becomes a log of it."""
+    view = context.view()
+    bases = view.log_base_instants()
+    out = []
+    for f in files:
+        group = parse_group_name(f.group)
+        fs = view.file_slices.get(group)
+        if f.group not in groups or fs is None:
+            out.append(f)
+            continue
+        base = max(fs.base_instant, bases.get(group, fs.base_instant))
+        version = 1 + max((lf.version for lf in fs.logs if lf.base_instant == base), default=0)
+        source = context.paths.file(f.partition, f.file_name)
+        if f.kind == "log":
+            lf = LogFile.parse(f.file_name)
+            if (lf.base_instant, lf.version) == (base, version):
+                out.append(f)
+                continue
+            target = LogFile(f.file_id, base, version, lf.write_token)
+            mark(context.storage, context.paths, instant, context.paths.relative(f.partition, target.file_name))
+            context.storage.publish(source, context.paths.file(f.partition, target.file_name))
+        else:
+            target = LogFile(f.file_id, base, version, f"{instant}-{new_write_token()}")
+            mark(context.storage, context.paths, instant, context.paths.relative(f.partition, target.file_name))
+            write_parquet_log(context.storage, context.paths.file(f.partition, target.file_name), instant,
+                              context.storage.read(source), f.rows)
+            context.storage.delete(source)
+        log.info("instant %s: %s re-homed as %s", instant, f.file_name, target.file_name)
+        out.append(WrittenFile(f.partition, f.file_id, target.file_name, "log",
+                               context.storage.size(context.paths.file(f.partition, target.file_name)), f.rows))
+    return out
+
+
+def shared_keys(context: TableContext, ours: Sequence[WrittenFile], writes: Sequence[Concurrent]) -> list[str]:
+    """Keys stored in this commit's files that files added by the concurrent `writes` store too (in the
+    same partition, or anywhere for a global index): their bloom filters first, then the files."""
+    mine: dict[str, pa.ChunkedArray] = {}
+    for f in ours:
+        keys = stored_keys(context, f.partition, f.file_name)
+        mine[f.partition] = pa.chunked_array([*mine[f.partition].chunks, *keys.chunks]) if f.partition in mine else keys
+    if not mine:
+        return []
+    everywhere = pa.chunked_array([c for keys in mine.values() for c in keys.chunks], pa.string())
+    global_scope = context.config.index.scope == "global"
+    theirs = [parse_group_name(relative) for c in writes for relative in c.files]
+    filters = context.metadata.get_many("bloom_filter", [bloom_filter_key(p, n) for p, n in theirs
+                                                         if n.endswith("." + PARQUET)]) \
+        if "bloom_filter" in context.metadata.partitions else {}
+    found: list[str] = []
+    for partition, name in theirs:
+        candidates = everywhere if global_scope else mine.get(partition)
+        if candidates is None or not len(candidates):
+            continue
+        path = context.paths.file(partition, name)
+        if name.endswith("." + PARQUET):
+            record = filters.get(bloom_filter_key(partition, name))
+            if record is not None:
+                maybe = BloomFilter.from_bytes(record["bloom_filter"], name).might_contain(candidates.to_pylist())
+                candidates = candidates.filter(pa.array(maybe))
+            present, _ = base_keys_present(path, candidates)
+        else:
+            present = members(candidates, stored_keys(context, partition, name))
+        found += candidates.filter(pa.array(present)).to_pylist()
+    return found
+
+
+def stored_keys(context: TableContext, partition: str, name: str) -> pa.ChunkedArray:
+    """The keys a data file stores live: a base file's key column, a log block's keys not deleted by it."""
+    path = context.paths.file(partition, name)
+    if name.endswith("." + PARQUET):
+        return key_column(path)[0]
+    rows = read_data_log(context.storage, path, context.config.log_schema)[1].select([KEY_COLUMN, DELETED_COLUMN])
+    return rows.filter(pc.invert(rows[DELETED_COLUMN]))[KEY_COLUMN]

@@ -1,0 +1,33 @@
+"""How a data table undoes one of its instants (see `transaction.Undo`).
+
+Every data file is marked before it is written, so undoing a pending instant deletes exactly the files
+its markers name (even in partitions the metadata table never heard of), then undoes the metadata
+deltacommit at the same instant. Completed data instants are never undone.
+"""
+from __future__ import annotations
+
+from .instant import Instant
+from .markers import clear, marked_files
+from .metadata_table import MetadataTable
+from .paths import TablePaths
+from .storage import Storage
+from .transaction import Content
+
+
+class DataUndo:
+    def __init__(self, storage: Storage, paths: TablePaths, metadata: MetadataTable) -> None:
+        self.storage = storage
+        self.paths = paths
+        self.metadata = metadata
+
+    def describe(self, target: Instant) -> Content:
+        return {"committed": False}
+
+    def undo(self, plan: Content, by: Instant) -> Content:
+        time = plan["target"]
+        files = marked_files(self.storage, self.paths, time)
+        for relative in files:
+            self.storage.delete(f"{self.paths.root}/{relative}")
+        self.metadata.rollback(time)
+        clear(self.storage, self.paths, time)
+        return {"deleted": files}

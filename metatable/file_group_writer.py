@@ -1,0 +1,93 @@
+"""Writing one file group's share of a batch at one instant (on an executor or in-process).
+
+Merge-on-read appends the rows as a log block to the file group's latest slice (or writes a first base
+for a new file group); copy-on-write merges them with the slice and rewrites the base. Counts say what
+happened to the rows: inserted, updated, deleted, or skipped (an insert of a key that exists).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from .base_file import new_write_token
+from .base_file_writer import new_file, write_base_file
+from .data_log import write_data_log
+from .log_file import LogFile
+from .record_merge import dedupe_batch, merge_versions
+from .slice_reader import live_mask, members, read_slice
+from .storage import LocalStorage, Storage
+from .table_config import DELETED_COLUMN, KEY_COLUMN
+from .write_task import FILE_ID_COLUMN, PARTITION_COLUMN, WriteTask
+from .written import STATS_SCHEMA, stats_row
+
+
+class FileGroupWriter:
+    def __init__(self, task: WriteTask, partition: str, file_id: str, storage: Storage | None = None) -> None:
+        self.task = task
+        self.config = task.config
+        self.partition = partition
+        self.file_id = file_id
+        self.storage = storage or LocalStorage()
+        self.slice = task.slices.get((partition, file_id))
+
+    def write(self, rows: pa.Table) -> list[dict]:
+        config, op, paths = self.config, self.task.operation, self.task.paths
+        deleting = op == "delete"
+        incoming = dedupe_batch(rows.drop_columns([PARTITION_COLUMN, FILE_ID_COLUMN]),
+                                None if deleting else config.ordering_field, deleted=deleting)
+        if config.merge_on_read:
+            cow_current = None
+            is_present = live_mask(self.storage, paths, config, self.slice, incoming[KEY_COLUMN])
+        else:
+            cow_current = read_slice(self.storage, paths, config, self.slice)
+            is_present = members(incoming[KEY_COLUMN], cow_current[KEY_COLUMN])
+        n_present = int(is_present.sum())
+        counts = {"inserted": 0, "updated": 0, "deleted": 0, "skipped": 0}
+        if op == "upsert":
+            counts.update(inserted=incoming.num_rows - n_present, updated=n_present)
+        elif op == "insert":
+            incoming = incoming.filter(pa.array(~is_present))
+            counts.update(inserted=incoming.num_rows, skipped=n_present)
+        else:
+            incoming = incoming.filter(pa.array(is_present))
+            counts.update(deleted=incoming.num_rows)
+        if incoming.num_rows == 0:
+            return [stats_row(self.partition, self.file_id, None, None, 0, 0, counts)] if any(counts.values()) else []
+        if cow_current is not None:
+            merged = merge_versions([cow_current, incoming], config.ordering_field, config.storage_schema)
+            return [self._write_base(merged, counts)]
+        if self.slice is None or self.slice.base is None:
+            return [self._write_base(incoming.select(config.storage_schema.names).cast(config.storage_schema),
+                                     counts)]
+        return [self._write_log(incoming, counts)]
+
+    def _write_base(self, rows: pa.Table, counts: dict[str, int]) -> dict:
+        written = write_base_file(self.storage, self.task.paths, self.config, self.task.instant, self.partition,
+                                  self.file_id, rows)
+        return {**written, **counts}
+
+    def _write_log(self, rows: pa.Table, counts: dict[str, int]) -> dict:
+        key = (self.partition, self.file_id)
+        base_instant = self.task.log_base_instants.get(key, self.slice.base_instant)
+        version = 1 + max((lf.version for lf in self.slice.logs if lf.base_instant == base_instant), default=0)
+        lf = LogFile(self.file_id, base_instant, version, f"{self.task.instant}-{new_write_token()}")
+        path = new_file(self.storage, self.task.paths, self.task.instant, self.partition, lf.file_name)
+        schema = self.config.log_schema
+        if DELETED_COLUMN not in rows.column_names:
+            rows = rows.append_column(DELETED_COLUMN, pa.array(np.zeros(rows.num_rows, dtype=bool)))
+        block = pa.Table.from_arrays(
+            [rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+             for f in schema], schema=schema)
+        write_data_log(self.storage, path, self.task.instant, block, self.config.options["write.log.block_format"],
+                       self.config.options["write.parquet.compression"])
+        return stats_row(self.partition, self.file_id, lf.file_name, "log", self.storage.size(path),
+                         rows.num_rows, counts)
+
+
+def write_file_group(task: WriteTask, rows: pa.Table) -> pa.Table:
+    """Every incoming row of one file group (tagged) -> statistics of the files written."""
+    if rows.num_rows == 0:
+        return STATS_SCHEMA.empty_table()
+    partition = rows[PARTITION_COLUMN][0].as_py()
+    file_id = rows[FILE_ID_COLUMN][0].as_py()
+    return pa.Table.from_pylist(FileGroupWriter(task, partition, file_id).write(rows), schema=STATS_SCHEMA)

@@ -1,0 +1,69 @@
+"""Every path of a table, defined once.
+
+A data table and a metadata table share one layout under their root: `.metatable/` holds the
+timeline, heartbeats, write markers, the lock and the table's properties; a data table's metadata
+table lives at `.metatable/metadata/` (a table of its own, with the same layout). Data files live in
+Hive-style partition directories under the root, `.` being the root itself.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from indexes.keys import NON_PARTITIONED
+
+META_DIR = ".metatable"
+
+
+@dataclass(frozen=True)
+class TablePaths:
+    root: str
+
+    @property
+    def meta(self) -> str:
+        return os.path.join(self.root, META_DIR)
+
+    @property
+    def table_config(self) -> str:
+        """A data table's properties (schema, key, index, options)."""
+        return os.path.join(self.meta, "table.json")
+
+    @property
+    def properties(self) -> str:
+        """A metadata table's properties (partitions and their file-group counts, options)."""
+        return os.path.join(self.meta, "properties.json")
+
+    @property
+    def lock(self) -> str:
+        return os.path.join(self.meta, "lock")
+
+    @property
+    def timeline(self) -> str:
+        return os.path.join(self.meta, "timeline")
+
+    @property
+    def heartbeats(self) -> str:
+        return os.path.join(self.meta, "heartbeats")
+
+    def markers(self, instant: str) -> str:
+        return os.path.join(self.meta, "markers", instant)
+
+    @property
+    def metadata(self) -> TablePaths:
+        """The paths of a data table's metadata table."""
+        return TablePaths(os.path.join(self.meta, "metadata"))
+
+    @property
+    def sst_cache(self) -> str:
+        return os.path.join(self.meta, "sst_cache")
+
+    def partition_dir(self, partition: str) -> str:
+        return self.root if partition == NON_PARTITIONED else os.path.join(self.root, partition)
+
+    def file(self, partition: str, name: str) -> str:
+        return os.path.join(self.partition_dir(partition), name)
+
+    @staticmethod
+    def relative(partition: str, name: str) -> str:
+        """A data file's path relative to the root (how markers name it)."""
+        return name if partition == NON_PARTITIONED else f"{partition}/{name}"

@@ -1,0 +1,89 @@
+"""Snapshot reads: the file slices a read needs (less those column stats rule out), as Arrow or Spark,
+and per-file-group statistics."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from indexes.keys import column_stats_key
+
+from .context import TableContext
+from .data_log import log_row_count
+from .file_slice import FileSlice
+from .scan_filter import Conjunct, may_match, row_mask, spark_condition, validate
+from .slice_reader import read_slice
+from .spark_engine import active_session, read_dataframe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    slices: list[FileSlice]
+    filters: list[Conjunct]
+    total: int  # file slices in the snapshot
+
+    @property
+    def report(self) -> dict[str, int]:
+        return {"file_slices": self.total, "skipped": self.total - len(self.slices)}
+
+
+def scan_plan(context: TableContext, as_of: str | None = None,
+              filter: Sequence[Conjunct] | None = None) -> ScanPlan:
+    """The file slices a read needs: all of them, less those whose column stats rule the filter out."""
+    config = context.config
+    filters = validate(filter, config.schema)
+    slices = list(context.view(as_of).file_slices.values())
+    kept = slices
+    if filters and "column_stats" in config.metadata_indexes:
+        wanted = [column_stats_key(c, fs.partition, fs.base.file_name)
+                  for fs in slices if fs.base and not fs.logs for c, _, _ in filters]
+        stats = context.metadata.get_many("column_stats", wanted)
+
+        def possible(fs: FileSlice) -> bool:
+            if not fs.base or fs.logs:
+                return True
+            for column, op, value in filters:
+                s = stats.get(column_stats_key(column, fs.partition, fs.base.file_name))
+                if s is not None and not may_match(op, value, s["min_value"], s["max_value"]):
+                    return False
+            return True
+        kept = [fs for fs in slices if possible(fs)]
+    if filters:
+        log.info("read: %d of %d file slices skipped by column stats", len(slices) - len(kept), len(slices))
+    return ScanPlan(kept, filters, len(slices))
+
+
+def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False) -> pa.Table:
+    names = context.config.schema.names
+    tables = []
+    for fs in plan.slices:
+        rows = read_slice(context.storage, context.paths, context.config, fs, read_optimized).select(names)
+        tables.append(rows.filter(row_mask(rows, plan.filters)) if plan.filters else rows)
+    return pa.concat_tables(tables) if tables else context.config.schema.empty_table()
+
+
+def to_dataframe(context: TableContext, plan: ScanPlan, read_optimized: bool = False, spark: Any = None) -> Any:
+    df = read_dataframe(active_session(spark), context.paths, context.config, plan.slices, read_optimized)
+    return df.where(spark_condition(plan.filters)) if plan.filters else df
+
+
+def file_group_stats(context: TableContext) -> list[dict[str, Any]]:
+    """Per file group: rows, bytes and pending logs of its latest slice."""
+    storage, paths = context.storage, context.paths
+    out = []
+    for (partition, file_id), fs in sorted(context.view().file_slices.items()):
+        base_rows = base_bytes = 0
+        if fs.base:
+            path = paths.file(partition, fs.base.file_name)
+            base_rows = pq.read_metadata(path).num_rows
+            base_bytes = storage.size(path)
+        log_paths = [paths.file(partition, lf.file_name) for lf in fs.logs]
+        out.append({"partition": partition, "file_id": file_id, "base_rows": base_rows, "base_bytes": base_bytes,
+                    "logs": len(fs.logs), "log_rows": sum(log_row_count(storage, p) for p in log_paths),
+                    "log_bytes": sum(storage.size(p) for p in log_paths)})
+    return out

@@ -1,0 +1,115 @@
+"""What a snapshot of a data table sees: its completed instants, its live files and its file slices.
+
+The view is taken at the latest completed instant, or `as_of` an older one (time travel). Files come
+from the metadata table's `files` partition, never from listing directories; a file is visible when the
+instant that wrote it is. Each file group's latest slice is its newest visible base plus the visible logs
+written after it (`file_slice.latest_slice`). File groups that a completed replacecommit (clustering)
+replaced are hidden from views at or after it. Reads, writes, lookups and services all take their
+slices from a view.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any, Iterable
+
+from indexes.keys import ALL_PARTITIONS_KEY
+
+from .base_file import PARQUET
+from .errors import InvalidInputError
+from .file_slice import FileSlice, by_completion, latest_slice, parse_names
+from .instant import Action, Instant
+from .metadata_table import MetadataTable
+from .timeline import Timeline
+
+DATA_ACTIONS = (Action.COMMIT, Action.DELTACOMMIT, Action.COMPACTION, Action.REPLACECOMMIT)
+WRITE_ACTIONS = (Action.COMMIT, Action.DELTACOMMIT)
+
+FileGroup = tuple[str, str]  # (partition path, file id)
+
+
+def group_name(partition: str, file_id: str) -> str:
+    """How commit metadata and plans name a file group."""
+    return f"{partition}/{file_id}"
+
+
+def parse_group_name(name: str) -> FileGroup:
+    partition, _, file_id = name.rpartition("/")
+    return partition, file_id
+
+
+class TimelineView:
+    def __init__(self, timeline: Timeline, metadata: MetadataTable, as_of: str | None = None) -> None:
+        metadata.refresh()
+        self.timeline = timeline
+        self.metadata = metadata
+        self.instants = timeline.instants()
+        self.completed = [i for i in self.instants if i.is_completed and i.action in DATA_ACTIONS]
+        self.completed_times = frozenset(i.time for i in self.completed)
+        if as_of is not None and as_of not in self.completed_times:
+            raise InvalidInputError(f"cannot read as of {as_of}: not a completed instant of {timeline.root}")
+        self.as_of = as_of
+
+    def visible(self, time: str) -> bool:
+        return time in self.completed_times and (self.as_of is None or time <= self.as_of)
+
+    def pending(self, actions: Iterable[Action]) -> list[Instant]:
+        wanted = set(actions)
+        return [i for i in self.instants if not i.is_completed and i.action in wanted]
+
+    # -- files ----------------------------------------------------------------------------------------
+    @cached_property
+    def partitions(self) -> list[str]:
+        record = self.metadata.get("files", ALL_PARTITIONS_KEY)
+        return sorted(record["files"]) if record else []
+
+    @cached_property
+    def live_files(self) -> dict[str, dict[str, int]]:
+        """partition -> every file name in `files` -> its size (visible or not: callers filter)."""
+        return {p: {name: e["size"] for name, e in sorted(r["files"].items())}
+                for p, r in self.metadata.get_many("files", self.partitions).items()}
+
+    @cached_property
+    def replaced(self) -> frozenset[FileGroup]:
+        """File groups replaced by completed replacecommits this view sees."""
+        out: set[FileGroup] = set()
+        for instant in self.completed:
+            if instant.action is Action.REPLACECOMMIT and self.visible(instant.time):
+                for partition, ids in self.timeline.read_json(instant).get("replaced", {}).items():
+                    out |= {(partition, file_id) for file_id in ids}
+        return frozenset(out)
+
+    @cached_property
+    def file_slices(self) -> dict[FileGroup, FileSlice]:
+        """The latest file slice of every live file group."""
+        out = {}
+        for partition, names in self.live_files.items():
+            bases, logs = parse_names(names, PARQUET)
+            logs = [lf for lf in logs if self.visible(lf.instant)]
+            for file_id in sorted({b.file_id for b in bases} | {lf.file_id for lf in logs}):
+                if (partition, file_id) in self.replaced:
+                    continue
+                fs = latest_slice(partition, file_id, bases, logs, self.visible, by_completion)
+                if fs.base or fs.logs:
+                    out[(partition, file_id)] = fs
+        return out
+
+    def sizes(self) -> dict[str, dict[str, int]]:
+        """partition -> file id -> bytes of its latest base file, as committed."""
+        out: dict[str, dict[str, int]] = {}
+        for (partition, file_id), fs in self.file_slices.items():
+            if fs.base:
+                out.setdefault(partition, {})[file_id] = self.live_files[partition][fs.base.file_name]
+        return out
+
+    # -- pending services -------------------------------------------------------------------------------
+    def plan(self, instant: Instant) -> dict[str, Any]:
+        return self.timeline.plan(instant)
+
+    def log_base_instants(self) -> dict[FileGroup, str]:
+        """File groups of pending compactions -> the base instant that new logs must name."""
+        out: dict[FileGroup, str] = {}
+        for instant in self.pending([Action.COMPACTION]):
+            for name in self.plan(instant).get("file_groups", {}):
+                group = parse_group_name(name)
+                out[group] = max(out.get(group, ""), instant.time)
+        return out

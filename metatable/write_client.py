@@ -1,0 +1,130 @@
+"""The write client: one keyed write (upsert, insert or delete), from input to commit.
+
+1. Conform the input to the table once: schema errors surface before anything is written.
+2. Begin the transaction and take the view it starts from (under one lock hold, so the view is exactly
+   the completed instants it will later be checked against).
+3. Plan with the table's index: the bucket index needs nothing; the bloom index pins every base file's key
+   range and, per partition, the file groups new keys go to.
+4. Run the engine: Spark for a DataFrame, in-process for Arrow. Both tag rows through the index's
+   assigner and write each file group (`write_engine`).
+5. Commit: conflict check, metadata deltacommit at the same instant, complete (`data_commit`).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from indexes.arrow_keys import partition_paths
+from indexes.bloom_index import BloomPlan, insert_slots
+from indexes.keys import column_stats_key
+
+from .conflicts import Committer
+from .context import TableContext
+from .data_commit import Commit, commit
+from .faults import crash_point
+from .instant import Action
+from .locator import MetadataIndex
+from .spark_engine import conform_dataframe, is_dataframe, partition_counts, run_spark
+from .table_config import KEY_COLUMN
+from .timeline_view import TimelineView
+from .write_engine import run_local
+from .write_input import as_arrow, conform
+from .write_task import WriteTask
+from .written import counts, written_files
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BYTES_PER_ROW = 100.0  # until a table has files to measure
+OPERATIONS = ("upsert", "insert", "delete")
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    instant: str
+    operation: str
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    skipped: int = 0  # inserts of keys that already existed
+    files_written: int = 0
+    seconds: float = 0.0
+
+
+class WriteClient:
+    def __init__(self, context: TableContext, index: MetadataIndex) -> None:
+        self.context = context
+        self.index = index  # the metadata index's cache of key ranges and bloom filters
+
+    @property
+    def action(self) -> Action:
+        return Action.DELTACOMMIT if self.context.config.merge_on_read else Action.COMMIT
+
+    def write(self, data: Any, operation: str) -> WriteResult:
+        started = time.monotonic()
+        context, config = self.context, self.context.config
+        on_spark = is_dataframe(data)
+        data = conform_dataframe(data, config, operation) if on_spark else conform(as_arrow(data), config, operation)
+        transactions = context.transactions
+        with transactions.lock.held():
+            instant = transactions.begin(self.action, {"operation": operation})
+            try:
+                view = context.view()
+            except BaseException:
+                transactions.abort(instant)
+                raise
+        with transactions.running(instant):
+            plan = self.bloom_plan(view, data, operation, instant.time) if config.index.type == "bloom" else None
+            task = WriteTask(context.paths, config, instant.time, operation, view.file_slices,
+                             view.log_base_instants(), plan)
+            rows = (run_spark(task, data) if on_spark else run_local(task, data)).to_pylist()
+            crash_point("table.write.files")
+            files, tally = written_files(rows), counts(rows)
+            commit(context, Commit(instant, Committer(self.action, config.merge_on_read, config.index.type), files,
+                                   view.completed_times, {"operation": operation, **tally}))
+        result = WriteResult(instant.time, operation, files_written=len(files), seconds=time.monotonic() - started,
+                             **tally)
+        log.info("%s %s: %d inserted, %d updated, %d deleted, %d skipped, %d files in %.2fs", operation,
+                 result.instant, result.inserted, result.updated, result.deleted, result.skipped,
+                 result.files_written, result.seconds)
+        return result
+
+    def bloom_plan(self, view: TimelineView, data: Any, operation: str, instant: str) -> BloomPlan:
+        """Pin each base file's key range, and plan where each partition's new keys may go."""
+        config = self.context.config
+        names: dict[str, list[str]] = {}
+        for (partition, _), fs in view.file_slices.items():
+            if fs.base:
+                names.setdefault(partition, []).append(fs.base.file_name)
+        ranges: dict[str, dict[str, tuple]] = {p: {} for p in names}
+        for (p, n), bounds in self.index.ranges([(p, n) for p, ns in names.items() for n in ns]).items():
+            ranges[p][n] = bounds
+        global_scope = config.index.scope == "global"
+        if operation == "delete":
+            return BloomPlan(ranges, {}, global_scope)
+        sizes = view.sizes()
+        total_bytes = sum(sum(s.values()) for s in sizes.values())
+        stats = self.context.metadata.get_many("column_stats", [column_stats_key(KEY_COLUMN, p, n)
+                                                                for p, ns in names.items() for n in ns])
+        rows = sum(r["value_count"] for r in stats.values())
+        bytes_per_row = total_bytes / rows if rows else DEFAULT_BYTES_PER_ROW
+        slots = insert_slots(self.partition_rows(data), sizes, bytes_per_row,
+                             config.options["write.target_file_size"], instant)
+        return BloomPlan(ranges, slots, global_scope)
+
+    def partition_rows(self, data: Any) -> dict[str, int]:
+        """Rows per partition path in the batch: a small aggregation over the partition columns only."""
+        config = self.context.config
+        cols = list(config.partition_by)
+        if is_dataframe(data):
+            tally = partition_counts(data, cols)
+        elif cols:
+            tally = data.group_by(cols).aggregate([([], "count_all")]).rename_columns([*cols, "count"])
+        else:
+            tally = pa.table({"count": [data.num_rows]})
+        typed = pa.table({c: tally[c].cast(config.schema.field(c).type) for c in cols}) if cols else tally
+        paths = partition_paths(typed, config.partition_by).to_pylist()
+        return dict(zip(paths, tally["count"].to_pylist()))

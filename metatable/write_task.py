@@ -1,0 +1,24 @@
+"""Everything a write's executors need, pickled into the Spark job (or used in-process): the table, the
+instant, the operation, the file slices it began from, and the index's plan."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .file_slice import FileSlice
+from .paths import TablePaths
+from .table_config import TableConfig
+
+PARTITION_COLUMN = "_mt_partition"  # columns the tagger adds to each row
+FILE_ID_COLUMN = "_mt_file_id"
+
+
+@dataclass(frozen=True)
+class WriteTask:
+    paths: TablePaths
+    config: TableConfig
+    instant: str
+    operation: str
+    slices: Mapping[tuple[str, str], FileSlice] = field(default_factory=dict)
+    log_base_instants: Mapping[tuple[str, str], str] = field(default_factory=dict)  # pending compactions
+    index_plan: Any = None  # what the index pinned on the driver (indexes.bloom_index.BloomPlan)
