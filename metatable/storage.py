@@ -47,24 +47,23 @@ class LocalStorage:
         p = Path(path)
         return str(p.with_name(f".{p.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}"))
 
-    def write_atomic(self, path: str, data: bytes) -> None:
-        """Readers see either nothing or the whole file, never a torn one."""
+    def _stage(self, path: str, data: bytes) -> str:
+        """`data` durably written under a staging name beside `path`."""
         staged = self.staging_path(path)
         self.makedirs(os.path.dirname(path))
         with open(staged, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        self.publish(staged, path)
+        return staged
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Readers see either nothing or the whole file, never a torn one."""
+        self.publish(self._stage(path, data), path)
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Create `path` with `data` only if it does not exist; False if it did."""
-        staged = self.staging_path(path)
-        self.makedirs(os.path.dirname(path))
-        with open(staged, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        staged = self._stage(path, data)
         try:
             os.link(staged, path)  # atomic create-if-absent with full content
             return True

@@ -161,8 +161,8 @@ class Transactions:
         return self.timeline.complete(rb, {**plan, **details})
 
     def recover(self) -> list[str]:
-        """Finish interrupted rollbacks, roll back writes whose process stopped beating, and finish
-        roll-forward services whose process stopped. Returns the instants rolled back."""
+        """Finish interrupted rollbacks; then, for instants whose process stopped beating, roll back writes,
+        reset inflight services to requested and finish roll-forward ones. Returns the instants rolled back."""
         with self.lock.held():
             for rb in self.timeline.pending([Action.ROLLBACK]):
                 self._finish_rollback(rb, self.timeline.plan(rb))

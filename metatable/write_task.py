@@ -22,3 +22,4 @@ class WriteTask:
     slices: Mapping[tuple[str, str], FileSlice] = field(default_factory=dict)
     log_base_instants: Mapping[tuple[str, str], str] = field(default_factory=dict)  # pending compactions
     index_plan: Any = None  # what the index pinned on the driver (indexes.bloom_index.BloomPlan)
+    dual_writes: bool = False  # whether the assigner may name a second file group for a row
