@@ -24,6 +24,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/log_blocks.py
 	$(PY) benchmarks/upsert.py --scale-factor $(BENCH_SF)
 	$(PY) benchmarks/lookup.py --scale-factor $(BENCH_SF)
+	$(PY) benchmarks/clustering.py --scale-factor $(BENCH_SF)
 
 clean:
 	rm -rf $(VENV) demo-data bench-data

@@ -1,28 +1,73 @@
-"""The simple bucket index: bucket = hash32(record key) % num_buckets, one file group per bucket."""
+"""The simple bucket index: bucket = hash32(record key) % num_buckets, one file group per bucket and partition.
+
+A bucket's file group is the live one whose id starts with its number; a bucket with none yet gets
+`<bucket:08d>-<generation>`, where the generation is "0" until clustering changes the bucket count, and the
+instant of that rehash afterwards: ids are deterministic, so two writers creating one bucket touch the same
+file group, and never reuse the id of a file group a rehash replaced.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .arrow_keys import bucket_ids
 from .assigner import Assignment
 
+INITIAL_GENERATION = "0"
 
-def bucket_file_id(bucket: int) -> str:
-    """File ids start with the 8-digit bucket number (contract); deterministic, so that two writers creating
-    the same bucket touch the same file group."""
-    return f"{bucket:08d}-0"
+
+def bucket_file_id(bucket: int, generation: str = INITIAL_GENERATION) -> str:
+    """File ids start with the 8-digit bucket number (contract)."""
+    return f"{bucket:08d}-{generation}"
+
+
+def bucket_of(file_id: str) -> int | None:
+    """The bucket a file id names, None for ids that do not start with one."""
+    head = file_id[:8]
+    return int(head) if len(file_id) > 9 and head.isdigit() and file_id[8] == "-" else None
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """What a snapshot says about the buckets: their count, the generation, and the live file group of each
+    bucket per partition."""
+
+    num_buckets: int
+    generation: str = INITIAL_GENERATION
+    live: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # partition -> bucket -> file id
+
+    @classmethod
+    def of(cls, num_buckets: int, generation: str, file_groups: Iterable[tuple[str, str]]) -> BucketLayout:
+        live: dict[str, dict[int, str]] = {}
+        for partition, file_id in file_groups:
+            bucket = bucket_of(file_id)
+            if bucket is not None and bucket < num_buckets:
+                live.setdefault(partition, {})[bucket] = file_id
+        return cls(num_buckets, generation, live)
+
+    def ids(self, partition: str) -> list[str]:
+        """The file id of every bucket in the partition."""
+        mine = self.live.get(partition, {})
+        return [mine.get(b) or bucket_file_id(b, self.generation) for b in range(self.num_buckets)]
 
 
 @dataclass(frozen=True)
 class BucketAssigner:
-    num_buckets: int
+    layout: BucketLayout
 
-    def file_ids(self, keys: pa.Array) -> pa.Array:
-        """Each key's bucket file group (the same id in every partition)."""
-        ids = pa.array([bucket_file_id(b) for b in range(self.num_buckets)])
-        return ids.take(pa.array(bucket_ids(keys, self.num_buckets)))
+    def file_ids(self, keys: pa.Array, partitions: pa.Array) -> pa.Array:
+        """Each key's bucket file group in its partition: one take from every partition's bucket ids."""
+        n = self.layout.num_buckets
+        buckets = np.asarray(bucket_ids(keys, n), dtype=np.int64)
+        encoded = pc.dictionary_encode(pa.chunked_array([partitions]) if isinstance(partitions, pa.Array)
+                                       else partitions).combine_chunks()
+        ids = pa.array([fid for p in encoded.dictionary.to_pylist() for fid in self.layout.ids(p)], pa.string())
+        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        return ids.take(pa.array(codes * n + buckets))
 
     def assign(self, keys: pa.Array, partitions: pa.Array) -> Assignment:
-        return Assignment(partitions, self.file_ids(keys))
+        return Assignment(partitions, self.file_ids(keys, partitions))

@@ -60,6 +60,5 @@ def base_file_indexes(config: TableConfig, rows: pa.Table, partition: str, file_
     if "column_stats" in config.metadata_indexes:
         stats = pickle.dumps(file_column_stats(rows, config.stats_columns(), partition, file_name, metadata))
     if "bloom_filter" in config.metadata_indexes:
-        keys = rows[KEY_COLUMN].to_pylist()
-        bloom = BloomFilter.build(keys, config.options["index.bloom.fpp"]).to_bytes()
+        bloom = BloomFilter.build(rows[KEY_COLUMN], config.options["index.bloom.fpp"]).to_bytes()
     return {"column_stats": stats, "bloom_filter": bloom}

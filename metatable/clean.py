@@ -1,7 +1,9 @@
 """Clean, a table service: delete file slices that none of the last `clean.retain_commits` completed
-instants can read, and tombstone them in `files`, `column_stats` and `bloom_filter`.
+instants can read (older slices of a file group; every slice of a file group that a clustering replaced at
+or before the oldest retained instant), and tombstone them in `files`, `column_stats` and `bloom_filter`.
 
-Clean only goes forward: it deletes the planned files first, then commits their tombstones. A clean whose
+Clean keeps what an inflight write may still read: the horizon is never past the last instant completed
+before the oldest pending write began. Clean only goes forward: it deletes the planned files first, then commits their tombstones. A clean whose
 process died is finished (its deletes are idempotent) by the next clean or the next writer's recovery,
 so nothing it planned is left behind unreferenced.
 """
@@ -13,14 +15,15 @@ from typing import Any
 from indexes.column_stats import tombstones
 from indexes.keys import bloom_filter_key
 
-from .base_file import PARQUET
+from .base_file import PARQUET, BaseFile
+from .log_file import LogFile
 from .file_slice import parse_names
 from .conflicts import Committer
 from .context import TableContext
 from .data_commit import Commit, commit, files_record
-from .instant import Action, Instant
+from .instant import Action, Instant, datetime_from_time
 from .lifecycle import Service, run_due
-from .timeline_view import DATA_ACTIONS
+from .timeline_view import DATA_ACTIONS, WRITE_ACTIONS
 from .transaction import Content
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,35 @@ def finish(context: TableContext, instant: Instant) -> None:
     execute(context, context.transactions.take(instant), context.timeline.plan(instant))
 
 
+def seen_by_inflight_writes(context: TableContext) -> set[str] | None:
+    """The completed data instants that every inflight write saw when it began (those whose commit completed
+    before the oldest inflight write's instant time); None when no write is inflight."""
+    pending = [i.time for i in context.timeline.pending(WRITE_ACTIONS)]
+    if not pending:
+        return None
+    start = min(pending)
+    start_ns = int(datetime_from_time(start).timestamp() * 1e9)
+    return {i.time for i in context.timeline.completed(DATA_ACTIONS)
+            if i.time < start and completed_at(context, i) < start_ns}
+
+
+_COMPLETED_AT: dict[tuple[str, str], int] = {}  # completed commit metadata never changes
+
+
+def completed_at(context: TableContext, instant: Instant) -> int:
+    """When a completed instant's commit completed (ns; 0 for commits that predate the record)."""
+    key = (context.root, instant.time)
+    if key not in _COMPLETED_AT:
+        if len(_COMPLETED_AT) > 100_000:
+            _COMPLETED_AT.clear()
+        _COMPLETED_AT[key] = context.timeline.read_json(instant).get("completed_at", 0)
+    return _COMPLETED_AT[key]
+
+
+def file_id_of(name: str) -> str:
+    return LogFile.parse(name).file_id if LogFile.is_log_name(name) else BaseFile.parse(name).file_id
+
+
 def service(context: TableContext) -> Service[None]:
     def plan() -> Content | None:
         retain = context.config.options["clean.retain_commits"]
@@ -43,12 +75,24 @@ def service(context: TableContext) -> Service[None]:
         if len(completed) <= retain:
             return None
         horizon = completed[-retain]
+        seen = seen_by_inflight_writes(context)
+        if seen is not None:  # an inflight write reads the slices its view saw: keep what it may read
+            if not seen:
+                return None
+            horizon = min(horizon, max(seen))
         doomed: dict[str, list[str]] = {}
-        for partition, names in context.view().live_files.items():
+        view = context.view()
+        visible = (lambda time: time <= horizon) if seen is None else (lambda time: time <= horizon and time in seen)
+        gone = {(p, fid) for instant, meta in view.replacements if visible(instant.time)
+                for p, ids in meta.get("replaced", {}).items() for fid in ids}  # no retained instant reads them
+        for partition, names in view.live_files.items():
             bases, logs = parse_names(names, PARQUET)
-            for file_id in {b.file_id for b in bases}:
+            here = [n for n in names if (partition, file_id_of(n)) in gone]
+            if here:
+                doomed.setdefault(partition, []).extend(here)
+            for file_id in {b.file_id for b in bases} - {fid for p, fid in gone if p == partition}:
                 mine = [b for b in bases if b.file_id == file_id]
-                readable = [b.instant for b in mine if b.instant <= horizon]
+                readable = [b.instant for b in mine if visible(b.instant)]
                 if not readable:
                     continue
                 floor = max(readable)  # the slice the horizon reads: older slices are unreachable
@@ -75,5 +119,5 @@ def execute(context: TableContext, instant: Instant, plan: Content) -> None:
                 records["column_stats"].update(tombstones(columns, partition, name))
                 records["bloom_filter"][bloom_filter_key(partition, name)] = None
     seen = frozenset(i.time for i in context.timeline.completed())
-    commit(context, Commit(instant, Committer(Action.CLEAN), (), seen, {"deleted": doomed}, records, file_groups=()))
+    commit(context, Commit(instant, Committer.of(Action.CLEAN, context.config), (), seen, {"deleted": doomed}, records, file_groups=()))
     log.info("cleaned %d files at %s", sum(map(len, doomed.values())), instant.time)

@@ -247,6 +247,63 @@ def cmd_stats(args: argparse.Namespace) -> None:
     print(f"{len(rows)} file groups, {sum(r['base_rows'] for r in rows)} base rows, "
           f"{sum(r['logs'] for r in rows)} pending logs ({sum(r['log_rows'] for r in rows)} rows), "
           f"{sum(r['base_bytes'] + r['log_bytes'] for r in rows) / 2**20:.1f} MiB")
+    print("\nfile sizes per partition (base + logs of each file group's latest slice):")
+    print_rows(pa.Table.from_pylist(size_distribution(rows, table.config.options["clustering.small_file_limit"]))
+               if rows else pa.table({"partition": pa.array([], pa.string())}), "table")
+
+
+def size_distribution(rows: list[dict[str, Any]], small_limit: int) -> list[dict[str, Any]]:
+    by_partition: dict[str, list[int]] = {}
+    for r in rows:
+        by_partition.setdefault(r["partition"], []).append(r["base_bytes"] + r["log_bytes"])
+    out = []
+    for partition, sizes in sorted(by_partition.items()):
+        sizes.sort()
+        out.append({"partition": partition, "file_groups": len(sizes), "min_bytes": sizes[0],
+                    "median_bytes": sizes[len(sizes) // 2], "max_bytes": sizes[-1],
+                    "small": sum(1 for s in sizes if s < small_limit)})
+    return out
+
+
+def cmd_cluster_schedule(args: argparse.Namespace) -> None:
+    table = Table.open(args.path, options=parse_options(args.option))
+    instant = table.schedule_clustering(sort_columns=split_list(args.sort_columns), partitions=partitions_arg(args),
+                                        num_buckets=args.num_buckets)
+    print(f"scheduled clustering {instant}" if instant else "nothing to cluster")
+
+
+def cmd_cluster_run(args: argparse.Namespace) -> None:
+    table = Table.open(args.path, options=parse_options(args.option))
+    spark = None
+    if args.spark:
+        from .spark_engine import spark_session
+        spark = spark_session()
+    done = table.run_clustering(args.instant, spark=spark)
+    print(f"clustered at {', '.join(done)}" if done else "no pending clustering ran")
+
+
+def cmd_cluster_show(args: argparse.Namespace) -> None:
+    plans = Table.open(args.path).clustering_plans()
+    if not plans:
+        print("no clusterings")
+    for plan in plans:
+        total = sum(g["bytes"] for g in plan["groups"])
+        extra = f", {plan['num_buckets']} buckets" if plan["num_buckets"] else ""
+        sort = f", sorted by {','.join(plan['sort_columns'])}" if plan["sort_columns"] else ""
+        print(f"{plan['instant']} {plan['state']}: {plan['strategy']}{extra}{sort}; {len(plan['groups'])} groups, "
+              f"{sum(g['slices'] for g in plan['groups'])} file slices, {total:,} bytes"
+              + (f" -> {plan['new_files']} files, {plan['rows']} rows" if plan["state"] == "completed" else ""))
+        print_rows(pa.Table.from_pylist(plan["groups"]), "table")
+
+
+def split_list(text: str | None) -> list[str] | None:
+    return [c.strip() for c in text.split(",") if c.strip()] if text is not None else None
+
+
+def partitions_arg(args: argparse.Namespace) -> list[str] | int | None:
+    if args.recent is not None:
+        return args.recent
+    return split_list(args.partitions)
 
 
 def cmd_lookup(args: argparse.Namespace) -> None:
@@ -322,7 +379,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instant")
     p.add_argument("--force", action="store_true", help="even if its writer still beats")
     p.set_defaults(func=cmd_rollback)
-    p = sub.add_parser("stats", help="per partition and bucket: file groups, rows, bytes, pending logs")
+    cl = sub.add_parser("cluster", help="clustering: rewrite small file groups into fewer, larger, sorted ones") \
+        .add_subparsers(dest="clcommand", required=True)
+    p = cl.add_parser("schedule", help="plan a clustering (a requested replacecommit); writers keep writing")
+    p.add_argument("path")
+    p.add_argument("--sort-columns", help="comma-separated columns to sort rows by (default: option "
+                                          "clustering.sort_columns)")
+    p.add_argument("--partitions", help="comma-separated partition paths (default: all)")
+    p.add_argument("--recent", type=int, help="only the N most recently written partitions")
+    p.add_argument("--num-buckets", type=int, help="simple-bucket table: change the bucket count")
+    p.add_argument("--option", action="append", help="key=value option for this run (repeatable)")
+    p.set_defaults(func=cmd_cluster_schedule)
+    p = cl.add_parser("run", help="execute pending clusterings (all, or --instant)")
+    p.add_argument("path")
+    p.add_argument("--instant")
+    p.add_argument("--spark", action="store_true", help="one Spark task per group on a local session")
+    p.add_argument("--option", action="append", help="key=value option for this run (repeatable)")
+    p.set_defaults(func=cmd_cluster_run)
+    p = cl.add_parser("show", help="pending and completed clusterings with their groups and bytes")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_cluster_show)
+
+    p = sub.add_parser("stats", help="per partition and bucket: file groups, rows, bytes, pending logs; file sizes")
     p.add_argument("path")
     p.set_defaults(func=cmd_stats)
 

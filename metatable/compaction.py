@@ -18,8 +18,7 @@ from .data_commit import Commit, commit
 from .faults import crash_point
 from .file_slice import by_completion, latest_slice, parse_names
 from .instant import Action, Instant
-from .errors import InvalidInputError
-from .lifecycle import Service, run_due, run_scheduled
+from .lifecycle import Service, run_due, run_pending
 from .slice_reader import read_slice
 from .timeline_view import group_name, parse_group_name
 from .transaction import Content
@@ -52,22 +51,13 @@ def schedule(context: TableContext) -> str | None:
 
 def run(context: TableContext, instant: str | None = None) -> list[str]:
     """Execute the given pending compaction, or every pending one; returns the instants completed."""
-    context.transactions.recover()
-    pending = [i for i in context.timeline.pending([Action.COMPACTION]) if instant is None or i.time == instant]
-    if instant is not None and not pending:
-        raise InvalidInputError(f"no pending compaction {instant} on {context.root}")
-    done = []
-    for candidate in pending:
-        ran = run_scheduled(context.transactions, service(context), candidate)
-        if ran.instant is not None:
-            done.append(ran.instant.time)
-    return done
+    return run_pending(context.transactions, service(context), instant)
 
 
 def service(context: TableContext) -> Service[None]:
     def plan() -> Content | None:
         view = context.view()
-        busy = {name for i in view.pending([Action.COMPACTION]) for name in view.plan(i).get("file_groups", {})}
+        busy = view.busy()
         groups = {name: fs.file_names for (p, fid), fs in view.file_slices.items()
                   if fs.logs and (name := group_name(p, fid)) not in busy}
         return {"file_groups": groups} if groups else None
@@ -78,7 +68,7 @@ def service(context: TableContext) -> Service[None]:
         rows = [compact_file_group(context, instant.time, group, names)
                 for group, names in plan["file_groups"].items()]
         crash_point("table.compaction.files")
-        commit(context, Commit(instant, Committer(Action.COMPACTION), written_files(rows), seen,
+        commit(context, Commit(instant, Committer.of(Action.COMPACTION, context.config), written_files(rows), seen,
                                file_groups=sorted(plan["file_groups"])))
         log.info("compacted %d file groups at %s in %.2fs", len(rows), instant.time, time.monotonic() - started)
 

@@ -12,25 +12,31 @@ import logging
 import pickle
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from functools import partial
+from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from indexes.bloom import FILTER_TYPE, BloomFilter
+from indexes.bucket import BucketAssigner
 from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key
 
-from .base_file import PARQUET, new_write_token
+from .base_file import PARQUET, BaseFile, new_write_token
+from .base_file_writer import new_file
 from .conflicts import Committer, Concurrent, check, concurrent_with
 from .context import TableContext
-from .data_log import read_data_log, write_parquet_log
+from .data_log import read_data_log, write_data_log, write_parquet_log
+from .errors import ConflictError
 from .faults import crash_point
-from .instant import Instant
+from .instant import BOOTSTRAP_TIME, Action, Instant
 from .log_file import LogFile
-from .markers import clear, mark
-from .slice_reader import base_keys_present, key_column, members
+from .markers import clear, mark, marked_files
+from .slice_reader import base_keys_present, key_column, members, read_slice
 from .table_config import DELETED_COLUMN, KEY_COLUMN
-from .timeline_view import parse_group_name
+from .timeline_view import FileGroup, TimelineView, group_name, parse_group_name
 from .transaction import Content
 from .written import WrittenFile
 
@@ -59,16 +65,22 @@ def commit(context: TableContext, c: Commit) -> Instant:
 
 
 def publish(context: TableContext, c: Commit) -> Content:
-    """Under the lock: check, re-home, write the metadata deltacommit; returns the commit metadata."""
+    """Under the lock: check, roll back clusterings this write wins over, re-home, write the metadata
+    deltacommit; returns the commit metadata."""
     time_ = c.instant.time
     touched = sorted(c.file_groups if c.file_groups is not None else {f.group for f in c.files})
-    concurrent = concurrent_with(context.timeline, c.instant, c.seen)
+    marked = partial(marked_file_groups, context) if c.committer.action is Action.REPLACECOMMIT else None
+    concurrent = concurrent_with(context.timeline, c.instant, c.seen, marked)
     probe = None
     if context.config.index.type == "bloom":
         def probe(writes: Sequence[Concurrent]) -> list[str]:
             return shared_keys(context, c.files, writes)
-    rehome = check(c.committer, c.instant, touched, concurrent, probe)
-    files = rehome_files(context, time_, c.files, rehome) if rehome else list(c.files)
+    resolution = check(c.committer, c.instant, touched, concurrent, probe)
+    for clustering in resolution.abort:
+        log.warning("write %s wins over pending clustering %s (clustering.updates = abort_clustering): rolling "
+                    "it back", time_, clustering.time)
+        context.transactions.rollback(clustering)
+    files = rehome_files(context, time_, c.files, resolution.rehome) if resolution.rehome else list(c.files)
     records = metadata_records(files, time_)
     for partition, recs in c.records.items():
         records.setdefault(partition, {}).update(recs)
@@ -79,8 +91,21 @@ def publish(context: TableContext, c: Commit) -> Content:
     metadata.write(time_, {p: r for p, r in records.items() if p in metadata.partitions})
     crash_point("table.commit.metadata")
     metadata.complete(time_)
+    touched = sorted({*touched, *(f.group for f in files)})  # re-homing may have moved rows into other groups
     return {**c.metadata, "file_groups": touched, "files": [f.relative for f in files],
             "completed_at": time.time_ns()}
+
+
+def marked_file_groups(context: TableContext, instant: Instant) -> frozenset[str]:
+    """The file groups an inflight write has marked files in so far."""
+    out = set()
+    for relative in marked_files(context.storage, context.paths, instant.time):
+        partition, _, name = relative.rpartition("/")
+        if name.endswith("." + PARQUET):
+            out.add(group_name(partition, BaseFile.parse(name).file_id))
+        elif LogFile.is_log_name(name):
+            out.add(group_name(partition, LogFile.parse(name).file_id))
+    return frozenset(out)
 
 
 def files_record(names: Mapping[str, int], deleted: bool = False) -> dict[str, Any]:
@@ -112,39 +137,120 @@ def metadata_records(files: Sequence[WrittenFile], instant: str) -> dict[str, di
 
 
 def rehome_files(context: TableContext, instant: str, files: Sequence[WrittenFile],
-                 groups: set[str]) -> list[WrittenFile]:
+                 groups: Iterable[str]) -> list[WrittenFile]:
     """Move this commit's files of `groups` into the file slice each lands in now: a log gets that slice's
     next version (so logs are ordered by completion), after a compaction the compaction's base; a base
-    written for a file group that another write created meanwhile becomes a log of it."""
+    written for a file group that another write created meanwhile becomes a log of it; a log of a file group
+    that a clustering replaced meanwhile is split among the file groups that now hold its keys."""
+    groups = set(groups)
     view = context.view()
-    bases = view.log_base_instants()
+    slots = LogSlots(view)
     out = []
     for f in files:
         group = parse_group_name(f.group)
-        fs = view.file_slices.get(group)
-        if f.group not in groups or fs is None:
+        if f.group not in groups:
             out.append(f)
-            continue
-        base = max(fs.base_instant, bases.get(group, fs.base_instant))
-        version = 1 + max((lf.version for lf in fs.logs if lf.base_instant == base), default=0)
-        source = context.paths.file(f.partition, f.file_name)
-        if f.kind == "log":
-            lf = LogFile.parse(f.file_name)
-            if (lf.base_instant, lf.version) == (base, version):
-                out.append(f)
-                continue
-            target = LogFile(f.file_id, base, version, lf.write_token)
-            mark(context.storage, context.paths, instant, context.paths.relative(f.partition, target.file_name))
-            context.storage.publish(source, context.paths.file(f.partition, target.file_name))
+        elif group in view.replaced:
+            out += split_into_successors(context, view, slots, instant, f)
+        elif group in view.file_slices:
+            out.append(move_into(context, slots, instant, f, group))
         else:
-            target = LogFile(f.file_id, base, version, f"{instant}-{new_write_token()}")
-            mark(context.storage, context.paths, instant, context.paths.relative(f.partition, target.file_name))
-            write_parquet_log(context.storage, context.paths.file(f.partition, target.file_name), instant,
-                              context.storage.read(source), f.rows)
-            context.storage.delete(source)
-        log.info("instant %s: %s re-homed as %s", instant, f.file_name, target.file_name)
-        out.append(WrittenFile(f.partition, f.file_id, target.file_name, "log",
-                               context.storage.size(context.paths.file(f.partition, target.file_name)), f.rows))
+            out.append(f)
+    return out
+
+
+class LogSlots:
+    """The next log of each file group's current slice, counting the logs this commit adds."""
+
+    def __init__(self, view: TimelineView) -> None:
+        self.view = view
+        self.bases = view.log_base_instants()
+        self.taken: dict[FileGroup, int] = {}
+
+    def next(self, group: FileGroup) -> tuple[str, int]:
+        fs = self.view.file_slices.get(group)
+        current = fs.base_instant if fs else BOOTSTRAP_TIME
+        base = max(current, self.bases.get(group, current))
+        logs = fs.logs if fs else ()
+        version = self.taken.get(group) or max((lf.version for lf in logs if lf.base_instant == base), default=0)
+        self.taken[group] = version + 1
+        return base, version + 1
+
+
+def move_into(context: TableContext, slots: LogSlots, instant: str, f: WrittenFile, group: FileGroup) -> WrittenFile:
+    base, version = slots.next(group)
+    source = context.paths.file(f.partition, f.file_name)
+    if f.kind == "log":
+        lf = LogFile.parse(f.file_name)
+        if (lf.base_instant, lf.version) == (base, version):
+            return f
+        target = LogFile(f.file_id, base, version, lf.write_token)
+        mark(context.storage, context.paths, instant, context.paths.relative(f.partition, target.file_name))
+        context.storage.publish(source, context.paths.file(f.partition, target.file_name))
+    else:
+        target = LogFile(f.file_id, base, version, f"{instant}-{new_write_token()}")
+        mark(context.storage, context.paths, instant, context.paths.relative(f.partition, target.file_name))
+        write_parquet_log(context.storage, context.paths.file(f.partition, target.file_name), instant,
+                          context.storage.read(source), f.rows)
+        context.storage.delete(source)
+    log.info("instant %s: %s re-homed as %s", instant, f.file_name, target.file_name)
+    return WrittenFile(f.partition, f.file_id, target.file_name, "log",
+                       context.storage.size(context.paths.file(f.partition, target.file_name)), f.rows)
+
+
+def successors(view: TimelineView, group: FileGroup) -> list[FileGroup]:
+    """The live file groups that took over a replaced one's rows (through every clustering since)."""
+    direct: dict[str, list[str]] = {}
+    for _, meta in view.replacements:
+        direct.update(meta.get("successors", {}))
+    out, todo = [], [group_name(*group)]
+    while todo:
+        name = todo.pop(0)
+        for nxt in direct.get(name, []):
+            parsed = parse_group_name(nxt)
+            if parsed in view.file_slices:
+                out.append(parsed)
+            elif parsed in view.replaced:
+                todo.append(nxt)
+    return out
+
+
+def split_into_successors(context: TableContext, view: TimelineView, slots: LogSlots, instant: str,
+                          f: WrittenFile) -> list[WrittenFile]:
+    """A log written for a file group that a clustering replaced meanwhile: each row goes to the file group
+    that holds its key now (a new key to the first of them, or its bucket's), as a log of that group."""
+    config = context.config
+    targets = successors(view, parse_group_name(f.group))
+    if not targets:
+        raise ConflictError(f"write {instant}: file group {f.group} was replaced and nothing took over its rows")
+    source = context.paths.file(f.partition, f.file_name)
+    rows = read_data_log(context.storage, source, config.log_schema)[1] if f.kind == "log" else \
+        pq.read_table(source, schema=config.storage_schema)
+    keys = rows[KEY_COLUMN]
+    if config.index.type == "bucket":
+        ids = BucketAssigner(view.bucket_layout(config.index.num_buckets)).file_ids(keys, pa.array([f.partition] * len(keys)))
+        destination = np.array(ids.to_pylist(), dtype=object)
+    else:
+        destination = np.full(len(keys), targets[0][1], dtype=object)
+        unplaced = np.ones(len(keys), dtype=bool)
+        for partition, file_id in targets:
+            fs = view.file_slices[(partition, file_id)]
+            held = members(keys, read_slice(context.storage, context.paths, config, fs)[KEY_COLUMN])
+            destination[unplaced & held] = file_id
+            unplaced &= ~held
+    out = []
+    for file_id in sorted(set(destination.tolist())):
+        part = rows.filter(pa.array(destination == file_id))
+        base, version = slots.next((f.partition, file_id))
+        target = LogFile(file_id, base, version, f"{instant}-{new_write_token()}")
+        path = new_file(context.storage, context.paths, instant, f.partition, target.file_name)
+        write_data_log(context.storage, path, instant, part if f.kind == "log" else
+                       part.append_column(DELETED_COLUMN, pa.array(np.zeros(len(part), bool))),
+                       config.options["write.log.block_format"])
+        out.append(WrittenFile(f.partition, file_id, target.file_name, "log", context.storage.size(path),
+                               part.num_rows))
+    context.storage.delete(source)
+    log.info("instant %s: %s (of replaced file group %s) split into %d logs", instant, f.file_name, f.group, len(out))
     return out
 
 

@@ -112,12 +112,22 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
     timed("compact", rows, table.compact, lambda instant: f"instant {instant}")
     timed("verify after compaction (every row)", rows, verify, lambda n: f"{n} rows, all as expected")
 
+    def files() -> str:
+        view = table.context.view()
+        return f"{len(view.file_slices)} file groups, {sum(map(len, view.live_files.values()))} data files on disk"
+
+    before = files()
+    timed(f"cluster: {buckets} -> {buckets * 2} buckets, sorted by l_shipdate (Spark)", rows,
+          lambda: table.cluster(num_buckets=buckets * 2, sort_columns=["l_shipdate"], spark=spark),
+          lambda instant: f"instant {instant}: {before} -> {files()}")
+    timed("verify after clustering (every row)", rows, verify, lambda n: f"{n} rows, all as expected")
+
     stats = table.stats()
     print()
     print(f"metatable demo: TPC-H lineitem SF {scale_factor:g} ({total:,} rows) at {root}")
-    print(f"{'step':<36} {'rows':>10} {'seconds':>8} {'rows/s':>10}")
+    print(f"{'step':<54} {'rows':>10} {'seconds':>8} {'rows/s':>10}")
     for s in steps:
-        print(f"{s.name:<36} {s.rows:>10,} {s.seconds:>8.1f} {s.rows / s.seconds if s.seconds else 0:>10,.0f}")
+        print(f"{s.name:<54} {s.rows:>10,} {s.seconds:>8.1f} {s.rows / s.seconds if s.seconds else 0:>10,.0f}")
     print(f"\ntable: {len(stats)} file groups in {len({s['partition'] for s in stats})} partitions, "
           f"{sum(s['base_rows'] for s in stats):,} rows, "
           f"{sum(s['base_bytes'] for s in stats) / 2**20:.1f} MiB of base files, "

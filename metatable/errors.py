@@ -41,6 +41,15 @@ class ConflictError(MetatableError):
     """Optimistic concurrency: another writer committed to the same file groups first."""
 
 
+class ClusteringConflict(ConflictError):
+    """A write met a clustering of its file groups (`clustering.updates = "reject"`): nothing of the write is
+    visible; retry it once the named clustering instant has completed."""
+
+    def __init__(self, message: str, clustering: str) -> None:
+        super().__init__(message)
+        self.clustering = clustering
+
+
 class LockTimeoutError(MetatableError, TimeoutError):
     """The table lock could not be taken in time."""
 

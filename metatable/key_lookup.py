@@ -16,6 +16,7 @@ from indexes.bucket import BucketAssigner
 from .context import TableContext
 from .errors import InvalidInputError
 from .locator import Explain, FileIdsOf, MetadataIndex, SliceLocator
+from .timeline_view import TimelineView
 
 
 def keys_table(data: Any) -> pa.Table:
@@ -26,17 +27,17 @@ def keys_table(data: Any) -> pa.Table:
     raise InvalidInputError(f"lookup keys must be a pyarrow Table or a Spark DataFrame, got {type(data).__name__}")
 
 
-def computed_file_ids(context: TableContext) -> FileIdsOf | None:
+def computed_file_ids(context: TableContext, view: TimelineView) -> FileIdsOf | None:
     """How the table's index computes a key's file group, None when it has to be looked up."""
     index = context.config.index
     if index.type != "bucket":
         return None
-    assigner = BucketAssigner(index.num_buckets)
+    assigner = BucketAssigner(view.bucket_layout(index.num_buckets))
 
     def file_ids_of(keys: pa.Array, partitions: Sequence[str]) -> dict[str, pa.Array]:
-        ids = assigner.file_ids(keys)  # the same buckets in every partition
-        return dict.fromkeys(partitions, ids)
+        return {p: assigner.file_ids(keys, pa.array([p] * len(keys), pa.string())) for p in partitions}
     return file_ids_of
+
 
 def locate(context: TableContext, index: MetadataIndex, data: pa.Table,
            by_metadata: bool = False) -> tuple[pa.Table, Explain]:
@@ -44,10 +45,10 @@ def locate(context: TableContext, index: MetadataIndex, data: pa.Table,
     keys = record_keys(data, config.record_key).to_pylist()
     scoped = all(c in data.column_names for c in config.partition_by)
     partitions = partition_paths(data, config.partition_by).to_pylist() if scoped else None
-    file_ids_of = None if by_metadata else computed_file_ids(context)
+    view = context.view()
+    file_ids_of = None if by_metadata else computed_file_ids(context, view)
     explain = Explain("bucket" if file_ids_of else "metadata (column_stats ranges, bloom filters)")
-    locator = SliceLocator(context.storage, context.paths, config, context.view().file_slices, index.ranges,
-                           index.filters)
+    locator = SliceLocator(context.storage, context.paths, config, view.file_slices, index.ranges, index.filters)
     out_partition, out_file = locator.locate(keys, partitions, file_ids_of, explain)
     result = pa.table({"key": pa.array(keys, pa.string()), "partition": pa.array(out_partition, pa.string()),
                        "file_id": pa.array(out_file, pa.string())})

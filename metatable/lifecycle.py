@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
 
+from .errors import InvalidInputError
 from .instant import Action, Instant
 from .transaction import Content, Transactions
 
@@ -72,6 +73,24 @@ def run_scheduled(transactions: Transactions, service: Service[R], instant: Inst
             return Run(running_elsewhere=instant)
         plan = transactions.timeline.plan(claimed)
     return Run(claimed, _execute(transactions, service, claimed, plan))
+
+
+def run_pending(transactions: Transactions, service: Service[R], instant: str | None = None) -> list[str]:
+    """Run the given pending instant of the service, or every pending one (skipping any that another process
+    runs); returns the instants completed."""
+    transactions.recover()
+    pending = [i for i in transactions.timeline.pending([service.action]) if instant is None or i.time == instant]
+    if instant is not None and not pending:
+        name = "clustering" if service.action is Action.REPLACECOMMIT else service.action.value
+        raise InvalidInputError(f"no pending {name} {instant} on {transactions.timeline.root}")
+    done = []
+    for candidate in pending:
+        ran = run_scheduled(transactions, service, candidate)
+        if ran.instant is not None:
+            done.append(ran.instant.time)
+        else:
+            log.info("%s %s is running in another process", service.action.value, candidate.time)
+    return done
 
 
 def _execute(transactions: Transactions, service: Service[R], instant: Instant, plan: Content) -> R:

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from functools import partial
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -172,3 +172,22 @@ def read_dataframe(spark, paths: TablePaths, config: TableConfig, slices: Sequen
     for frame in frames[1:]:
         result = result.unionByName(frame)
     return result
+
+
+def run_indexed_tasks(spark, count: int, task: Callable[[int], list[dict]]) -> pa.Table:
+    """Run `task(i)` for i in range(count), one Spark task each, on executors; returns the statistics rows
+    they report (one per file written)."""
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                rows = task(index)
+                if rows:
+                    yield pa.RecordBatch.from_pylist(rows, schema=STATS_SCHEMA)
+
+    if count == 0:
+        return STATS_SCHEMA.empty_table()
+    stats = spark.range(count, numPartitions=count).mapInArrow(run, to_spark_schema(STATS_SCHEMA))
+    try:
+        return stats.toArrow()
+    except Exception as e:
+        raise unwrap_spark_error(e) from None

@@ -1,7 +1,7 @@
 """`Table`: the facade of a keyed data table. It opens the table's context and delegates.
 
 Writes go through the write client (`write_client`), reads through `reads`, lookups through `key_lookup`,
-services through `compaction` and `clean`, every instant through the shared transaction
+services through `compaction`, `clustering` and `clean`, every instant through the shared transaction
 (`transaction`). docs/architecture.md maps the layers.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
-from . import clean, compaction, maintenance, reads
+from . import clean, clustering, compaction, maintenance, reads
 from .context import TableContext
 from .errors import InvalidInputError, MetatableError, RollbackError
 from .file_slice import FileSlice
@@ -157,6 +157,32 @@ class Table:
         done = compaction.run(self.context, instant)
         self.metadata.refresh()
         return done
+
+    def schedule_clustering(self, sort_columns: Sequence[str] | None = None,
+                            partitions: Sequence[str] | int | None = None, num_buckets: int | None = None) -> str | None:
+        """Plan a clustering (a requested replacecommit) of the small file slices of every partition, the given
+        ones, or the N most recently written (`partitions=N`); `sort_columns` default to the option
+        `clustering.sort_columns`. Returns the instant, None when nothing qualifies. Writers keep writing."""
+        return clustering.schedule(self.context, sort_columns, partitions, num_buckets)
+
+    def run_clustering(self, instant: str | None = None, spark: Any = None) -> list[str]:
+        """Execute the given pending clustering, or all of them (one Spark task per group when `spark` is
+        given, in-process otherwise); returns the instants completed."""
+        done = clustering.run(self.context, instant, spark)
+        self.metadata.refresh()
+        return done
+
+    def cluster(self, sort_columns: Sequence[str] | None = None, partitions: Sequence[str] | int | None = None,
+                num_buckets: int | None = None, spark: Any = None) -> str | None:
+        """Schedule and run a clustering. `num_buckets` on a simple-bucket table changes its bucket count:
+        a multiple of the current count splits each bucket, any other count rewrites each partition."""
+        done = clustering.cluster(self.context, sort_columns, partitions, num_buckets, spark)
+        self.metadata.refresh()
+        return done
+
+    def clustering_plans(self) -> list[dict[str, Any]]:
+        """Pending and completed clusterings with their groups and bytes, oldest first."""
+        return clustering.plans(self.context)
 
     def clean(self) -> str | None:
         """Delete file slices that none of the last `clean.retain_commits` completed instants can read."""

@@ -28,7 +28,7 @@ def tag_inputs(config: TableConfig) -> list[str]:
 def make_assigner(task: WriteTask) -> Assigner:
     config = task.config
     if config.index.type != "bloom":
-        return BucketAssigner(config.index.num_buckets)
+        return BucketAssigner(task.index_plan)
     plan: BloomPlan = task.index_plan
     storage = LocalStorage()
     metadata = MetadataTable(task.paths.metadata.root, storage=storage,

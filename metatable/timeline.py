@@ -5,21 +5,26 @@ only made under the table lock; inflight writers keep a heartbeat.
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 from typing import Any, Iterable, Sequence
+
+import fastavro
 
 from .errors import InvalidInputError, TimelineError
 from .heartbeat import Heartbeat, is_expired
 from .instant import Action, Instant, State, next_time, validate_time
 from .lock import TableLock
 from .paths import TablePaths
+from .schemas import schema
 from .storage import Storage, is_temporary
 
 log = logging.getLogger(__name__)
 
 _STATE_RANK = {State.REQUESTED: 0, State.INFLIGHT: 1, State.COMPLETED: 2}
+AVRO_PLANS = {Action.REPLACECOMMIT: "clustering_plan"}  # requested plans kept as Avro (avro_schemas/); others JSON
 
 
 class Timeline:
@@ -69,12 +74,15 @@ class Timeline:
 
     def read_json(self, instant: Instant) -> dict[str, Any]:
         """The plan (requested), or the commit metadata (completed), of an instant."""
-        raw = self.storage.read(os.path.join(self.dir, instant.file_name))
+        path = os.path.join(self.dir, instant.file_name)
+        raw = self.storage.read(path)
         if not raw:
             return {}
         try:
+            if instant.state is State.REQUESTED and instant.action in AVRO_PLANS:
+                return next(iter(fastavro.reader(io.BytesIO(raw))))
             return json.loads(raw)
-        except ValueError as e:
+        except (ValueError, StopIteration, EOFError) as e:
             raise TimelineError(f"unreadable instant file {os.path.join(self.dir, instant.file_name)}: {e}") from None
 
     def plan(self, instant: Instant) -> dict[str, Any]:
@@ -132,7 +140,14 @@ class Timeline:
         self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
 
     def _write(self, instant: Instant, content: dict[str, Any] | None) -> None:
-        data = json.dumps(content, sort_keys=True).encode() if content is not None else b""
+        if content is None:
+            data = b""
+        elif instant.state is State.REQUESTED and instant.action in AVRO_PLANS:
+            out = io.BytesIO()
+            fastavro.writer(out, schema(AVRO_PLANS[instant.action]), [content])
+            data = out.getvalue()
+        else:
+            data = json.dumps(content, sort_keys=True).encode()
         self.storage.write_atomic(os.path.join(self.dir, instant.file_name), data)
 
     # -- heartbeats -----------------------------------------------------------------------------

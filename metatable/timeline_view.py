@@ -12,9 +12,11 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, Iterable
 
+from indexes.bucket import INITIAL_GENERATION, BucketLayout
 from indexes.keys import ALL_PARTITIONS_KEY
 
 from .base_file import PARQUET
+from .clustering_plan import busy_file_groups
 from .errors import InvalidInputError
 from .file_slice import FileSlice, by_completion, latest_slice, parse_names
 from .instant import Action, Instant
@@ -69,14 +71,25 @@ class TimelineView:
                 for p, r in self.metadata.get_many("files", self.partitions).items()}
 
     @cached_property
+    def replacements(self) -> list[tuple[Instant, dict[str, Any]]]:
+        """Completed replacecommits this view sees, with their commit metadata, oldest first."""
+        return [(i, self.timeline.read_json(i)) for i in self.completed
+                if i.action is Action.REPLACECOMMIT and self.visible(i.time)]
+
+    @cached_property
     def replaced(self) -> frozenset[FileGroup]:
         """File groups replaced by completed replacecommits this view sees."""
-        out: set[FileGroup] = set()
-        for instant in self.completed:
-            if instant.action is Action.REPLACECOMMIT and self.visible(instant.time):
-                for partition, ids in self.timeline.read_json(instant).get("replaced", {}).items():
-                    out |= {(partition, file_id) for file_id in ids}
-        return frozenset(out)
+        return frozenset((partition, file_id) for _, meta in self.replacements
+                         for partition, ids in meta.get("replaced", {}).items() for file_id in ids)
+
+    def bucket_layout(self, configured: int) -> BucketLayout:
+        """A simple-bucket table's buckets as this view sees them: a completed rehash (a replacecommit that
+        records `num_buckets`) changes the count atomically with the file groups it rewrote."""
+        count, generation = configured, INITIAL_GENERATION
+        for instant, meta in self.replacements:
+            if meta.get("num_buckets"):
+                count, generation = meta["num_buckets"], instant.time
+        return BucketLayout.of(count, generation, self.file_slices)
 
     @cached_property
     def file_slices(self) -> dict[FileGroup, FileSlice]:
@@ -104,6 +117,10 @@ class TimelineView:
     # -- pending services -------------------------------------------------------------------------------
     def plan(self, instant: Instant) -> dict[str, Any]:
         return self.timeline.plan(instant)
+
+    def busy(self) -> set[str]:
+        """`partition/file_id` of the file groups that pending compactions and clusterings will rewrite."""
+        return busy_file_groups(self.plan(i) for i in self.pending([Action.COMPACTION, Action.REPLACECOMMIT]))
 
     def log_base_instants(self) -> dict[FileGroup, str]:
         """File groups of pending compactions -> the base instant that new logs must name."""

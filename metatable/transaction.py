@@ -96,7 +96,7 @@ class Transactions:
         with self.lock.held():
             current = self.timeline.get(instant.time, instant.action)
             if current is None or current.state is not State.INFLIGHT:
-                state = {None: "gone (rolled back by another process: its heartbeat had expired)",
+                state = {None: "gone (rolled back by another process: its heartbeat had expired, or a write won over it)",
                          State.REQUESTED: "back to requested (reset by another process: its heartbeat had expired)",
                          State.COMPLETED: "already completed"}[current and current.state]
                 raise TimelineError(f"{instant.action.value} {instant.time} is {state}; it cannot commit")
@@ -127,7 +127,11 @@ class Transactions:
         """Roll back `instant` unless it completed (or is a roll-forward action, finished by recovery)."""
         with self.lock.held():
             current = self.timeline.get(instant.time, instant.action)
-            if current is None or current.is_completed:
+            if current is None:  # rolled back by another process (a write won over this clustering, or its
+                # heartbeat had expired) while this one kept writing: undo what it wrote since
+                self.undo.undo({"target": instant.time, "action": instant.action.value, "committed": False}, instant)
+                return
+            if current.is_completed:
                 return
             if current.action in self.roll_forward:
                 log.warning("%s %s failed; it is finished by the next recovery", current.action.value, current.time)

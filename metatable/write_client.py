@@ -3,8 +3,9 @@
 1. Conform the input to the table once: schema errors surface before anything is written.
 2. Begin the transaction and take the view it starts from (under one lock hold, so the view is exactly
    the completed instants it will later be checked against).
-3. Plan with the table's index: the bucket index needs nothing; the bloom index pins every base file's key
-   range and, per partition, the file groups new keys go to.
+3. Plan with the table's index: the bucket index pins the bucket layout (count and file group of each bucket);
+   the bloom index pins every base file's key range and, per partition, the file groups new keys go to
+   (never one that a pending clustering rewrites).
 4. Run the engine: Spark for a DataFrame, in-process for Arrow. Both tag rows through the index's
    assigner and write each file group (`write_engine`).
 5. Commit: conflict check, metadata deltacommit at the same instant, complete (`data_commit`).
@@ -30,7 +31,7 @@ from .instant import Action
 from .locator import MetadataIndex
 from .spark_engine import conform_dataframe, is_dataframe, partition_counts, run_spark
 from .table_config import KEY_COLUMN
-from .timeline_view import TimelineView
+from .timeline_view import TimelineView, group_name
 from .write_engine import run_local
 from .write_input import as_arrow, conform
 from .write_task import WriteTask
@@ -77,13 +78,14 @@ class WriteClient:
                 transactions.abort(instant)
                 raise
         with transactions.running(instant):
-            plan = self.bloom_plan(view, data, operation, instant.time) if config.index.type == "bloom" else None
+            plan = self.bloom_plan(view, data, operation, instant.time) if config.index.type == "bloom" \
+                else view.bucket_layout(config.index.num_buckets)
             task = WriteTask(context.paths, config, instant.time, operation, view.file_slices,
                              view.log_base_instants(), plan)
             rows = (run_spark(task, data) if on_spark else run_local(task, data)).to_pylist()
             crash_point("table.write.files")
             files, tally = written_files(rows), counts(rows)
-            commit(context, Commit(instant, Committer(self.action, config.merge_on_read, config.index.type), files,
+            commit(context, Commit(instant, Committer.of(self.action, config), files,
                                    view.completed_times, {"operation": operation, **tally}))
         result = WriteResult(instant.time, operation, files_written=len(files), seconds=time.monotonic() - started,
                              **tally)
@@ -107,6 +109,8 @@ class WriteClient:
             return BloomPlan(ranges, {}, global_scope)
         sizes = view.sizes()
         total_bytes = sum(sum(s.values()) for s in sizes.values())
+        busy = view.busy()  # inserts never go to a file group that a pending clustering rewrites
+        sizes = {p: {fid: size for fid, size in s.items() if group_name(p, fid) not in busy} for p, s in sizes.items()}
         stats = self.context.metadata.get_many("column_stats", [column_stats_key(KEY_COLUMN, p, n)
                                                                 for p, ns in names.items() for n in ns])
         rows = sum(r["value_count"] for r in stats.values())

@@ -55,6 +55,29 @@ def test_table_session(capsys, files):
     assert ".parquet" in out
 
 
+def test_cluster_commands(capsys, files):
+    t = str(files / "t")
+    run(capsys, "create", t, "--schema-from", str(files / "in.csv"), "--key", "id", "--partition-by", "p",
+        "--ordering", "ts", "--index", "bloom", "--option", "write.target_file_size=1024")
+    for source in ("in.csv", "up.json", "in.csv"):
+        run(capsys, "upsert", t, str(files / source))
+    code, out, _ = run(capsys, "cluster", "schedule", t, "--sort-columns", "v", "--partitions", "p=a")
+    assert code == 0 and out.startswith("scheduled clustering ")
+    instant = out.split()[-1]
+    code, out, _ = run(capsys, "cluster", "show", t)
+    assert f"{instant} requested: size, sorted by v; 1 groups" in out and "p=a" in out
+    code, out, _ = run(capsys, "cluster", "run", t, "--instant", instant)
+    assert out == f"clustered at {instant}\n"
+    code, out, _ = run(capsys, "cluster", "show", t)
+    assert f"{instant} completed" in out and "files, " in out
+    code, out, _ = run(capsys, "stats", t)
+    assert "file sizes per partition" in out and "median_bytes" in out
+    code, out, _ = run(capsys, "read", t, "--output", "json", "--limit", "0")
+    assert sorted(json.loads(line)["id"] for line in out.splitlines()) == [1, 2, 3, 4]
+    code, out, err = run(capsys, "cluster", "schedule", t, "--num-buckets", "4")
+    assert code == 2 and "bloom index" in err
+
+
 @pytest.mark.parametrize("args,message", [
     (["read", "{root}/missing"], "no metatable table"),
     (["upsert", "{root}/t", "{root}/nothere.csv"], "does not exist"),

@@ -102,3 +102,24 @@ def test_arrow_input_without_spark_session_state(table):
     assert (r.inserted, r.skipped) == (0, 1)
     with pytest.raises(InvalidInputError, match="Spark DataFrame or a pyarrow Table"):
         table.upsert([{"id": 1}])
+
+
+@pytest.mark.parametrize("index", ["bloom", "bucket"])
+def test_clustering_on_spark_equals_in_process(spark, tmp_path, index):
+    """One Spark task per group writes the same files (names, rows) as the in-process run."""
+    import shutil
+
+    from .test_clustering import loaded, reopened, snapshot
+
+    table, model = loaded(str(tmp_path / "a"), index=index)
+    shutil.copytree(table.path, str(tmp_path / "b"))
+    results = []
+    for path, session in ((str(tmp_path / "a"), spark), (str(tmp_path / "b"), None)):
+        t = reopened(mt.Table.open(path))
+        instant = t.schedule_clustering(sort_columns=["v"])
+        assert t.run_clustering(spark=session) == [instant]
+        assert snapshot(t) == model.expected()
+        stats = sorted((fs.partition, fs.file_id.replace(instant, "T"), fs.base.file_name.replace(instant, "T"))
+                       for fs in t.file_slices().values())
+        results.append(stats)
+    assert results[0] == results[1]
