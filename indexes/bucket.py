@@ -1,9 +1,10 @@
 """The simple bucket index: bucket = hash32(record key) % num_buckets, one file group per bucket and partition.
 
 A bucket's file group is the live one whose id starts with its number; a bucket with none yet gets
-`<bucket:08d>-<generation>`, where the generation is "0" until clustering changes the bucket count, and the
-instant of that rehash afterwards: ids are deterministic, so two writers creating one bucket touch the same
-file group, and never reuse the id of a file group a rehash replaced.
+`<bucket:08d>-<generation>`, where the generation is "0" until a clustering changes the bucket count (the
+rehash's instant afterwards) or replaces that bucket's file group without a successor (that clustering's
+instant): ids are deterministic, so two writers creating one bucket touch the same file group, and never
+reuse the id of a replaced file group.
 """
 from __future__ import annotations
 
@@ -33,26 +34,37 @@ def bucket_of(file_id: str) -> int | None:
 
 @dataclass(frozen=True)
 class BucketLayout:
-    """What a snapshot says about the buckets: their count, the generation, and the live file group of each
-    bucket per partition."""
+    """What a snapshot says about the buckets: their count, the generation, the live file group of each
+    bucket per partition, and per partition and bucket the latest clustering that replaced its file group
+    (a bucket it left empty gets a file group named after it, never the replaced one's id)."""
 
     num_buckets: int
     generation: str = INITIAL_GENERATION
     live: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # partition -> bucket -> file id
+    retired: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # partition -> bucket -> instant
 
     @classmethod
-    def of(cls, num_buckets: int, generation: str, file_groups: Iterable[tuple[str, str]]) -> BucketLayout:
+    def of(cls, num_buckets: int, generation: str, file_groups: Iterable[tuple[str, str]],
+           replaced: Iterable[tuple[str, str, str]] = ()) -> BucketLayout:
+        """`replaced`: (partition, file id, replacing instant) of every replaced file group."""
         live: dict[str, dict[int, str]] = {}
         for partition, file_id in file_groups:
             bucket = bucket_of(file_id)
             if bucket is not None and bucket < num_buckets:
                 live.setdefault(partition, {})[bucket] = file_id
-        return cls(num_buckets, generation, live)
+        retired: dict[str, dict[int, str]] = {}
+        for partition, file_id, instant in replaced:
+            bucket = bucket_of(file_id)
+            if bucket is not None:
+                mine = retired.setdefault(partition, {})
+                mine[bucket] = max(mine.get(bucket, instant), instant)
+        return cls(num_buckets, generation, live, retired)
 
     def ids(self, partition: str) -> list[str]:
         """The file id of every bucket in the partition."""
-        mine = self.live.get(partition, {})
-        return [mine.get(b) or bucket_file_id(b, self.generation) for b in range(self.num_buckets)]
+        mine, retired = self.live.get(partition, {}), self.retired.get(partition, {})
+        return [mine.get(b) or bucket_file_id(b, max(self.generation, retired.get(b, self.generation)))
+                for b in range(self.num_buckets)]
 
 
 @dataclass(frozen=True)

@@ -250,8 +250,9 @@ def remove_outputs(context: TableContext, plan: ClusteringPlan, instant: str) ->
 def rewrite_and_commit(context: TableContext, instant: Instant, plan: ClusteringPlan, spark: Any) -> None:
     started = time.monotonic()
     seen = frozenset(i.time for i in context.timeline.completed())  # writes after this must not reach its groups
-    if spark is not None:
-        task = partial(rewrite_group, context.paths, context.config, instant.time, plan, 1)
+    if spark is not None:  # the cores Spark gives this job, shared among its tasks
+        workers = max(1, spark.sparkContext.defaultParallelism // max(1, len(plan.groups)))
+        task = partial(rewrite_group, context.paths, context.config, instant.time, plan, workers)
         rows = run_indexed_tasks(spark, len(plan.groups), task).to_pylist()
     else:
         task = partial(rewrite_group, context.paths, context.config, instant.time, plan, os.cpu_count() or 1)
@@ -291,8 +292,8 @@ def output_index(file_id: str) -> int:
 def rewrite_group(paths: TablePaths, config: TableConfig, instant: str, plan: ClusteringPlan, workers: int,
                   g: int) -> list[dict]:
     """Read group `g`'s slices merged, order the rows, cut them into the group's new file groups and write
-    each as a base file (`workers` at a time); returns their statistics rows. Runs on an executor (one
-    worker: Spark gives a task one core) or in-process (one per core)."""
+    each as a base file (`workers` at a time); returns their statistics rows. Runs on an executor (the
+    job's cores shared among its groups) or in-process (one worker per core)."""
     storage = LocalStorage()
     group = plan.groups[g]
     slices = [planned_slice(group.partition, s) for s in group.slices]

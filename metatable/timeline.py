@@ -73,7 +73,7 @@ class Timeline:
         return max(times) if times else None
 
     def read_json(self, instant: Instant) -> dict[str, Any]:
-        """The plan (requested), or the commit metadata (completed), of an instant."""
+        """The plan (requested; Avro for the actions in AVRO_PLANS), or the commit metadata (completed)."""
         path = os.path.join(self.dir, instant.file_name)
         raw = self.storage.read(path)
         if not raw:
@@ -83,7 +83,7 @@ class Timeline:
                 return next(iter(fastavro.reader(io.BytesIO(raw))))
             return json.loads(raw)
         except (ValueError, StopIteration, EOFError) as e:
-            raise TimelineError(f"unreadable instant file {os.path.join(self.dir, instant.file_name)}: {e}") from None
+            raise TimelineError(f"unreadable instant file {path}: {e}") from None
 
     def plan(self, instant: Instant) -> dict[str, Any]:
         return self.read_json(instant.to(State.REQUESTED))

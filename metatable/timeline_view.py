@@ -89,7 +89,9 @@ class TimelineView:
         for instant, meta in self.replacements:
             if meta.get("num_buckets"):
                 count, generation = meta["num_buckets"], instant.time
-        return BucketLayout.of(count, generation, self.file_slices)
+        replaced = [(partition, file_id, instant.time) for instant, meta in self.replacements
+                    for partition, ids in meta.get("replaced", {}).items() for file_id in ids]
+        return BucketLayout.of(count, generation, self.file_slices, replaced)
 
     @cached_property
     def file_slices(self) -> dict[FileGroup, FileSlice]:
