@@ -40,7 +40,7 @@ from indexes.bucket import bucket_file_id, bucket_of
 
 from .base_file import PARQUET
 from .base_file_writer import write_base_file
-from .clustering_plan import REHASH, STRATEGIES, Candidate, ClusteringPlan, Group, Limits, SliceRef, plan_groups
+from .clustering_plan import REHASH, Candidate, ClusteringPlan, Group, Limits, SliceRef, plan_groups
 from .conflicts import Committer
 from .context import TableContext
 from .data_commit import Commit, commit
@@ -144,7 +144,6 @@ def make_plan(context: TableContext, view: TimelineView, sort_columns: Sequence[
         if unknown:
             raise InvalidInputError(f"cannot cluster partitions {unknown}: not in {context.root} "
                                     f"(it has {len(view.partitions)} partitions)")
-    assert strategy in STRATEGIES
     candidates = slice_candidates(context, view, busy, partitions, strategy == "key_range")
     limits = Limits.of(config.options)
     if config.index.type == "bucket":  # one file group per bucket: re-sort single buckets, never merge them

@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-STRATEGIES = ("size", "key_range", "recent")
 REHASH = "rehash"
 
 

@@ -228,7 +228,7 @@ def split_into_successors(context: TableContext, view: TimelineView, slots: LogS
         pq.read_table(source, schema=config.storage_schema)
     keys = rows[KEY_COLUMN]
     if config.index.type == "bucket":
-        ids = BucketAssigner(view.bucket_layout(config.index.num_buckets)).file_ids(keys, pa.array([f.partition] * len(keys)))
+        ids = BucketAssigner(view.bucket_layout(config.index.num_buckets)).file_ids(keys, pa.repeat(pa.scalar(f.partition, pa.string()), len(keys)))
         destination = np.array(ids.to_pylist(), dtype=object)
     else:
         destination = np.full(len(keys), targets[0][1], dtype=object)

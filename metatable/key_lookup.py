@@ -35,7 +35,7 @@ def computed_file_ids(context: TableContext, view: TimelineView) -> FileIdsOf | 
     assigner = BucketAssigner(view.bucket_layout(index.num_buckets))
 
     def file_ids_of(keys: pa.Array, partitions: Sequence[str]) -> dict[str, pa.Array]:
-        return {p: assigner.file_ids(keys, pa.array([p] * len(keys), pa.string())) for p in partitions}
+        return {p: assigner.file_ids(keys, pa.repeat(pa.scalar(p, pa.string()), len(keys))) for p in partitions}
     return file_ids_of
 
 
