@@ -10,7 +10,7 @@ BENCH_SF ?= 1
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q -e '.[dev,bench,plot]'
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -25,6 +25,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/upsert.py --scale-factor $(BENCH_SF)
 	$(PY) benchmarks/lookup.py --scale-factor $(BENCH_SF)
 	$(PY) benchmarks/clustering.py --scale-factor $(BENCH_SF)
+	$(PY) benchmarks/resize.py --scale-factor $(BENCH_SF)
 
 clean:
 	rm -rf $(VENV) demo-data bench-data

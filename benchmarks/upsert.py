@@ -4,7 +4,8 @@ Steps per system: bulk load, a 5% upsert batch (90% updates of existing keys, 10
 new keys), and a skewed batch (80% of the updated keys in one partition). Peers:
 a plain Spark rewrite of the affected partitions (join and overwrite: what you do
 without an index) and delta-rs (`DeltaTable.merge` on the same key). Every system
-reads the same batch files. Prints one JSON line per measurement.
+reads the same batch files. Prints one JSON line per measurement, and for the consistent-hashing index
+its time over the simple bucket index's for each step and table type (RFC-42: "a little" slower at most).
 
     python benchmarks/upsert.py [--scale-factor 1] [--only metatable,spark,delta]
 """
@@ -59,11 +60,17 @@ class PeakRss:
         self._thread.join()
 
 
+SECONDS: dict[tuple[str, str], float] = {}  # (system, step) -> seconds, for the ratio lines
+INDEXES = {"bucket": dict(type="bucket"), "consistent_hashing": dict(type="bucket", engine="consistent_hashing"),
+           "bloom": dict(type="bloom")}
+
+
 def measure(system: str, step: str, rows: int, fn, **extra) -> object:
     with PeakRss() as rss:
         started = time.perf_counter()
         result = fn()
         seconds = time.perf_counter() - started
+    SECONDS[(system, step)] = seconds
     print(json.dumps({"benchmark": "upsert", "system": system, "step": step, "rows": rows,
                       "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds) if seconds else None,
                       "peak_rss_mb": round(rss.peak / 2**20), **extra}), flush=True)
@@ -102,7 +109,7 @@ def bench_metatable(spark, lineitem, batches, workdir, table_type, index, bucket
     root = os.path.join(workdir, f"metatable-{table_type}-{index}")
     shutil.rmtree(root, ignore_errors=True)
     table = mt.Table.create(root, arrow_schema_of(lineitem), KEY, ["ship_year"], table_type=table_type,
-                            index=mt.IndexConfig(type=index, num_buckets=buckets),
+                            index=mt.IndexConfig(**INDEXES[index], num_buckets=buckets),
                             metadata_indexes=["column_stats", "bloom_filter"] if index == "bloom" else ["column_stats"],
                             options={"clean.inline": False, "metadata.auto_compact": True})
     system = f"metatable-{table_type}-{index}"
@@ -170,7 +177,8 @@ def main() -> None:
     ap.add_argument("--scale-factor", type=float, default=1.0)
     ap.add_argument("--buckets", type=int, default=8)
     ap.add_argument("--only", default="metatable,spark,delta")
-    ap.add_argument("--indexes", default="bucket,bloom", help="metatable index types, comma separated")
+    ap.add_argument("--indexes", default="bucket,consistent_hashing,bloom",
+                    help=f"metatable indexes, comma separated, of {sorted(INDEXES)}")
     ap.add_argument("--workdir", default="bench-data")
     args = ap.parse_args()
     from pyspark.sql import functions as F
@@ -188,6 +196,13 @@ def main() -> None:
         for index in args.indexes.split(","):
             for table_type in ("merge_on_read", "copy_on_write"):
                 bench_metatable(spark, lineitem, batches, workdir, table_type, index, args.buckets)
+        for table_type in ("merge_on_read", "copy_on_write"):
+            simple, consistent = (f"metatable-{table_type}-{i}" for i in ("bucket", "consistent_hashing"))
+            for (system, step), seconds in list(SECONDS.items()):
+                if system == consistent and (simple, step) in SECONDS:
+                    print(json.dumps({"benchmark": "upsert", "ratio": "consistent_hashing/bucket",
+                                      "table_type": table_type, "step": step,
+                                      "value": round(seconds / SECONDS[(simple, step)], 3)}), flush=True)
     if "spark" in only:
         bench_spark_rewrite(spark, lineitem, batches, workdir)
     if "delta" in only:

@@ -1,10 +1,9 @@
 """The assigner interface: which file group each incoming key is written to.
 
 An index assigns every row (record key, partition path) a partition path and a file group there: the
-bucket index computes the key's bucket, the bloom index looks the key up and places new keys. An assigner
-may name a second file group for a row (`dual_file_ids`), which the engine writes too: a
-consistent-hashing index does that for keys whose bucket is being resized. Assigners are pure logic;
-whatever they need from storage (a lookup, a ring) the engine hands them.
+bucket index computes the key's bucket, the consistent-hashing index finds the key's node on its
+partition's ring, the bloom index looks the key up and places new keys. Assigners are pure logic; whatever
+they need from storage (a lookup, a ring) the engine hands them.
 """
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ import pyarrow as pa
 class Assignment:
     partitions: pa.Array  # where each row is written (the row's own partition path, unless the index moves it)
     file_ids: pa.Array  # its file group there; null: nowhere (a delete of an absent key)
-    dual_file_ids: pa.Array | None = None  # a second file group in the same partition; null: none
 
 
 class Assigner(Protocol):

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from . import config
 from .errors import InvalidInputError, MetatableError, TableNotFoundError
+from .instant import Action
 from .metadata_table import MetadataTable
 from .paths import TablePaths
 from .slice_reader import read_slice
@@ -250,6 +251,40 @@ def cmd_stats(args: argparse.Namespace) -> None:
     print("\nfile sizes per partition (base + logs of each file group's latest slice):")
     print_rows(pa.Table.from_pylist(size_distribution(rows, table.config.options["clustering.small_file_limit"]))
                if rows else pa.table({"partition": pa.array([], pa.string())}), "table")
+    if table.config.index.consistent_hashing:
+        rings = table.rings()
+        print("\nconsistent-hashing rings (hash ranges are (low, high]):")
+        print_rows(pa.Table.from_pylist(rings) if rings else pa.table({"partition": pa.array([], pa.string())}),
+                   "table")
+    if args.plot:
+        plot_sizes(table, rows, args.plot)
+
+
+def plot_sizes(table: Table, rows: list[dict[str, Any]], out: str) -> None:
+    """A histogram of file-group sizes now and, after a clustering or resize, just before the latest one."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InvalidInputError("--plot needs matplotlib: pip install 'metatable[plot]'") from None
+    series = {"now": rows}
+    replaced = [i for i in table.timeline() if i.action is Action.REPLACECOMMIT and i.is_completed]
+    earlier = [i.time for i in table.timeline() if i.is_completed and replaced and i.time < replaced[-1].time]
+    if earlier:
+        series = {f"before {replaced[-1].time}": table.stats(as_of=earlier[-1]), **series}
+    target = table.config.options["write.target_file_size"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, stats in series.items():
+        sizes = [(r["base_bytes"] + r["log_bytes"]) / target for r in stats]
+        ax.hist(sizes, bins=30, alpha=0.6, label=f"{label} ({len(sizes)} file groups)")
+    ax.set_xlabel("file group size / write.target_file_size")
+    ax.set_ylabel("file groups")
+    ax.set_title(f"file group sizes of {table.path}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    print(f"wrote {out}")
 
 
 def size_distribution(rows: list[dict[str, Any]], small_limit: int) -> list[dict[str, Any]]:
@@ -294,6 +329,14 @@ def cmd_cluster_show(args: argparse.Namespace) -> None:
               f"{sum(g['slices'] for g in plan['groups'])} file slices, {total:,} bytes"
               + (f" -> {plan['new_files']} files, {plan['rows']} rows" if plan["state"] == "completed" else ""))
         print_rows(pa.Table.from_pylist(plan["groups"]), "table")
+        for resize in plan["resizes"]:
+            before = resize.get("buckets_before", "?")
+            print(f"  resize of {resize['partition']} (ring seq_no {resize['seq_no']}): {before} -> "
+                  f"{resize['buckets_after']} buckets")
+            for old, children in resize.get("splits", {}).items():
+                print(f"    split {old} -> {len(children)}: {', '.join(children)}")
+            for child, olds in resize.get("merges", {}).items():
+                print(f"    merge {', '.join(olds)} -> {child}")
 
 
 def split_list(text: str | None) -> list[str] | None:
@@ -400,8 +443,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.set_defaults(func=cmd_cluster_show)
 
-    p = sub.add_parser("stats", help="per partition and bucket: file groups, rows, bytes, pending logs; file sizes")
+    p = sub.add_parser("stats", help="per partition and bucket: file groups, rows, bytes, pending logs; file sizes; "
+                                     "consistent hashing: the rings")
     p.add_argument("path")
+    p.add_argument("--plot", metavar="PNG", help="draw file group sizes now and before the latest clustering "
+                                                 "(needs the 'plot' extra: matplotlib)")
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("lookup", help="where keys live (record key values; several fields: v1,v2 in key order)")

@@ -18,6 +18,9 @@ A simple-bucket table keeps one file group per bucket, so clustering never merge
 single buckets (given sort columns), or changes the bucket count (`num_buckets`, RFC-29): a multiple of the
 current count splits each bucket b into b, b+N, b+2N, ... (no row crosses into another old bucket's
 groups); any other count rewrites each partition. The new count takes effect with the replacecommit.
+
+A consistent-hashing table clusters by resizing its rings (`resize`): splits and merges of buckets, rows
+routed by the pending ring, writers dual-writing meanwhile.
 """
 from __future__ import annotations
 
@@ -35,8 +38,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from indexes.arrow_keys import bucket_ids
+from indexes.arrow_keys import bucket_ids, hash32_array
 from indexes.bucket import bucket_file_id, bucket_of
+from indexes.consistent_hashing import DELETE, REPLACE, Ring, under_resize
+from indexes.keys import hashing_meta_key
 
 from .base_file import PARQUET
 from .base_file_writer import write_base_file
@@ -44,20 +49,23 @@ from .clustering_plan import REHASH, Candidate, ClusteringPlan, Group, Limits, S
 from .conflicts import Committer
 from .context import TableContext
 from .data_commit import Commit, commit
+from .dual_writes import resize_instant
 from .errors import ConflictError, InvalidInputError
 from .faults import crash_point
 from .file_slice import FileSlice, by_completion, latest_slice, parse_names
 from .instant import Action, Instant
 from .lifecycle import Service, run_pending
 from .locator import MetadataIndex
+from .log_file import LogFile
 from .paths import TablePaths
+from .resize import CatchUp, as_of_now, replacements, resize_plan, wait_for_earlier_writes
 from .slice_reader import read_slice
 from .spark_engine import run_indexed_tasks
 from .storage import LocalStorage
 from .table_config import KEY_COLUMN, TableConfig
 from .timeline_view import TimelineView, group_name
 from .transaction import Content
-from .written import written_files
+from .written import WrittenFile, written_files
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +120,30 @@ def plans(context: TableContext) -> list[dict[str, Any]]:
                     "sort_columns": list(plan.sort_columns), "num_buckets": plan.num_buckets,
                     "groups": [{"partition": g.partition, "slices": len(g.slices), "bytes": g.bytes,
                                 "outputs": g.num_output_groups} for g in plan.groups],
+                    "resizes": [resize_summary(context, ring) for ring in plan.rings],
                     "replaced": sum(len(ids) for ids in done.get("replaced", {}).values()),
                     "new_files": len(done.get("files", [])), "rows": done.get("rows")})
+    return out
+
+
+def resize_summary(context: TableContext, pending: Ring) -> dict[str, Any]:
+    """A resize of one partition: bucket counts, and (while the ring it was planned against is current) its
+    splits (old file group -> children) and merges (old file groups -> one)."""
+    after = pending.resolved(pending.instant)
+    out: dict[str, Any] = {"partition": pending.partition, "seq_no": pending.seq_no, "buckets_after": after.num_buckets,
+                           "new_nodes": [n.value for n in pending.nodes if n.tag == REPLACE],
+                           "deleted_nodes": [n.value for n in pending.nodes if n.tag == DELETE]}
+    record = context.metadata.get("hashing_meta", hashing_meta_key(pending.partition))
+    if record is not None and record["seq_no"] == pending.seq_no:
+        committed = Ring.from_record(record)
+        moves = under_resize(committed, pending)
+        merged: dict[str, list[str]] = {}
+        for old, children in moves.items():
+            if len(children) == 1:
+                merged.setdefault(children[0], []).append(old)
+        out.update(buckets_before=committed.num_buckets,
+                   splits={old: children for old, children in moves.items() if len(children) > 1},
+                   merges={child: olds for child, olds in merged.items() if len(olds) > 1})
     return out
 
 
@@ -132,6 +162,11 @@ def make_plan(context: TableContext, view: TimelineView, sort_columns: Sequence[
               partitions: Partitions, num_buckets: int | None) -> ClusteringPlan | None:
     config = context.config
     sort = sort_columns_of(config, sort_columns)
+    if config.index.consistent_hashing:
+        if sort or num_buckets is not None:
+            raise InvalidInputError(f"{context.root} has a consistent-hashing index: clustering resizes its buckets "
+                                    "(bucket.split_threshold, bucket.merge_threshold); it takes neither sort columns "
+                                    "nor a bucket count")
     busy = view.busy()
     if num_buckets is not None:
         return rehash_plan(config, view, busy, num_buckets, sort)
@@ -144,6 +179,8 @@ def make_plan(context: TableContext, view: TimelineView, sort_columns: Sequence[
         if unknown:
             raise InvalidInputError(f"cannot cluster partitions {unknown}: not in {context.root} "
                                     f"(it has {len(view.partitions)} partitions)")
+    if config.index.consistent_hashing:
+        return resize_plan(context, view, partitions)
     candidates = slice_candidates(context, view, busy, partitions, strategy == "key_range")
     limits = Limits.of(config.options)
     if config.index.type == "bucket":  # one file group per bucket: re-sort single buckets, never merge them
@@ -229,6 +266,8 @@ def execute(context: TableContext, instant: Instant, record: Content, spark: Any
         with context.transactions.lock.held():  # a rollback holds the lock until it is done
             gone = context.timeline.get(instant.time, Action.REPLACECOMMIT) is None
         if not gone:
+            if plan.rings:  # it is rolled back next: the dual-write logs kept for it go too
+                remove_outputs(context, plan, instant.time)
             raise
         # a write won over it (abort_clustering) and rolled it back meanwhile; what it wrote since goes too
         remove_outputs(context, plan, instant.time)
@@ -237,19 +276,28 @@ def execute(context: TableContext, instant: Instant, record: Content, spark: Any
 
 
 def remove_outputs(context: TableContext, plan: ClusteringPlan, instant: str) -> None:
-    """Every file this clustering may have written: their names carry its instant and its write token."""
+    """Every file this clustering may have written (their names carry its instant and its write token), and
+    the dual-write logs that writers kept for it (a log based on its instant)."""
     suffix = f"_{OUTPUT_TOKEN}_{instant}.{PARQUET}"
-    for partition in {g.partition for g in plan.groups}:
+    for partition in {g.partition for g in plan.groups} | {r.partition for r in plan.rings}:
         directory = context.paths.partition_dir(partition)
         for name in context.storage.list(directory):
-            if name.endswith(suffix):
+            if name.endswith(suffix) or (LogFile.is_log_name(name) and resize_instant(name) == instant):
                 context.storage.delete(context.paths.file(partition, name))
 
 
 def rewrite_and_commit(context: TableContext, instant: Instant, plan: ClusteringPlan, spark: Any) -> None:
     started = time.monotonic()
+    catch_up = None
+    if plan.rings:  # a resize reads the old file groups once every write that cannot dual-write has committed
+        wait_for_earlier_writes(context, instant)
+        view = context.view()
+        plan = as_of_now(plan, view)
+        catch_up = CatchUp(context, plan, instant.time, OUTPUT_TOKEN)
     seen = frozenset(i.time for i in context.timeline.completed())  # writes after this must not reach its groups
-    if spark is not None:  # the cores Spark gives this job, shared among its tasks
+    if not plan.groups:
+        rows = []
+    elif spark is not None:  # the cores Spark gives this job, shared among its tasks
         workers = max(1, spark.sparkContext.defaultParallelism // max(1, len(plan.groups)))
         task = partial(rewrite_group, context.paths, context.config, instant.time, plan, workers)
         rows = run_indexed_tasks(spark, len(plan.groups), task).to_pylist()
@@ -258,6 +306,23 @@ def rewrite_and_commit(context: TableContext, instant: Instant, plan: Clustering
         rows = [row for g in range(len(plan.groups)) for row in task(g)]
     crash_point("table.clustering.files")
     files = written_files(rows)
+    replaced, successors = replacements(plan, view) if catch_up else group_replacements(plan, files)
+    metadata = {"operation": "cluster", "strategy": plan.strategy, "sort_columns": list(plan.sort_columns),
+                "replaced": replaced, "successors": successors, "rows": sum(f.rows for f in files),
+                "num_buckets": plan.num_buckets}
+    committer = replace(Committer.of(Action.REPLACECOMMIT, context.config), rehash=bool(plan.num_buckets))
+    replaced_groups = [group_name(p, file_id) for p, ids in replaced.items() for file_id in ids]
+    commit(context, Commit(instant, committer, files, seen, metadata,
+                           {"hashing_meta": catch_up.records()} if catch_up else {},
+                           sorted({*replaced_groups, *(f.group for f in files)}), catch_up))
+    if catch_up:
+        catch_up.remove_adopted()
+    log.info("clustered %d file groups into %d files (%d rows) at %s in %.2fs", len(plan.file_groups), len(files),
+             metadata["rows"], instant.time, time.monotonic() - started)
+
+
+def group_replacements(plan: ClusteringPlan, files: Sequence[WrittenFile]) -> tuple[dict, dict]:
+    """(partition -> replaced file ids, `partition/old` -> the new groups of its plan group)."""
     created: dict[str, list[str]] = {}
     for f in files:
         created.setdefault(f"{f.partition}/{output_index(f.file_id)}", []).append(f.group)
@@ -268,14 +333,7 @@ def rewrite_and_commit(context: TableContext, instant: Instant, plan: Clustering
         for s in group.slices:
             replaced.setdefault(group.partition, []).append(s.file_id)
             successors[group_name(group.partition, s.file_id)] = new
-    metadata = {"operation": "cluster", "strategy": plan.strategy, "sort_columns": list(plan.sort_columns),
-                "replaced": replaced, "successors": successors, "rows": sum(f.rows for f in files),
-                "num_buckets": plan.num_buckets}
-    committer = replace(Committer.of(Action.REPLACECOMMIT, context.config), rehash=bool(plan.num_buckets))
-    commit(context, Commit(instant, committer, files, seen, metadata,
-                           file_groups=sorted({*plan.file_groups, *(f.group for f in files)})))
-    log.info("clustered %d file groups into %d files (%d rows) at %s in %.2fs", len(plan.file_groups), len(files),
-             metadata["rows"], instant.time, time.monotonic() - started)
+    return replaced, successors
 
 
 def output_file_id(instant: str, group: int, output: int) -> str:
@@ -333,6 +391,14 @@ def cut(rows: pa.Table, group: Group, plan: ClusteringPlan, instant: str, g: int
     bucket number. Each run is sorted by key on its own, so that runs sort (and are written) in parallel."""
     n, k = rows.num_rows, group.num_output_groups
     keys = rows[KEY_COLUMN]
+    pending = plan.ring(group.partition)
+    if pending is not None:  # a resize: each row to its node on the pending ring
+        ring = pending.resolved(instant)
+        nodes = ring.locate(hash32_array(keys))
+        order = np.argsort(nodes, kind="stable")
+        labels, counts = np.unique(nodes, return_counts=True)
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        return [(ring.live[label].file_id, order[bounds[o]:bounds[o + 1]]) for o, label in enumerate(labels.tolist())]
     if plan.num_buckets:  # a rehash: each row to its new bucket
         buckets = bucket_ids(keys, plan.num_buckets).astype(np.int64)
         order = np.argsort(buckets, kind="stable")

@@ -21,7 +21,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from indexes.consistent_hashing import Node, Ring
+
 REHASH = "rehash"
+RESIZE = "resize"
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,11 @@ class ClusteringPlan:
     groups: tuple[Group, ...]
     sort_columns: tuple[str, ...] = ()
     num_buckets: int | None = None  # a rehash of a simple-bucket table into this many buckets
+    rings: tuple[Ring, ...] = ()  # a consistent-hashing resize: the pending ring of each partition it changes
+
+    def ring(self, partition: str) -> Ring | None:
+        """The ring partition's rows are routed by once this resize commits."""
+        return next((r for r in self.rings if r.partition == partition), None)
 
     @property
     def file_groups(self) -> list[str]:
@@ -58,14 +66,19 @@ class ClusteringPlan:
         return {"strategy": self.strategy, "sort_columns": list(self.sort_columns), "num_buckets": self.num_buckets,
                 "groups": [{"partition": g.partition, "num_output_groups": g.num_output_groups,
                             "slices": [{"file_id": s.file_id, "file_names": list(s.file_names), "bytes": s.bytes}
-                                       for s in g.slices]} for g in self.groups]}
+                                       for s in g.slices]} for g in self.groups],
+                "rings": [{"partition": r.partition, "seq_no": r.seq_no, "instant": r.instant,
+                           "nodes": [{"value": n.value, "file_id_prefix": n.file_id_prefix, "tag": n.tag}
+                                     for n in r.nodes]} for r in self.rings]}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> ClusteringPlan:
         groups = tuple(Group(g["partition"], tuple(SliceRef(s["file_id"], tuple(s["file_names"]), s["bytes"])
                                                    for s in g["slices"]), g["num_output_groups"])
                        for g in record["groups"])
-        return cls(record["strategy"], groups, tuple(record["sort_columns"]), record.get("num_buckets"))
+        rings = tuple(Ring(r["partition"], tuple(Node(n["value"], n["file_id_prefix"], n["tag"]) for n in r["nodes"]),
+                           r["seq_no"], r["instant"]) for r in record.get("rings", ()))
+        return cls(record["strategy"], groups, tuple(record["sort_columns"]), record.get("num_buckets"), rings)
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,27 @@ OPTIONS: dict[str, Option] = {
                choices=("reject", "abort_clustering")),
         Option("clustering.inline_every", int, 0, "cluster after every N write commits (0: only when asked)",
                minimum=0),
+        Option("bucket.split_threshold", float, 2.0,
+               "consistent hashing: a resize splits a bucket bigger than this times write.target_file_size",
+               minimum=1.0),
+        Option("bucket.merge_threshold", float, 0.2,
+               "consistent hashing: adjacent buckets each smaller than this times write.target_file_size merge "
+               "(while together under the target)", minimum=0.0),
+        Option("bucket.min_buckets", int, 1, "consistent hashing: a resize keeps at least this many buckets per "
+               "partition", minimum=1),
+        Option("bucket.max_buckets", int, 4096, "consistent hashing: a resize keeps at most this many buckets per "
+               "partition", minimum=1),
+        Option("bucket.split_point", str, "quantile",
+               "consistent hashing: 'quantile' splits a bucket into ceil(size / target) children at the quantiles "
+               "of its key hashes (one round fixes skew); 'middle' splits it in two at the range middle (RFC-42)",
+               choices=("quantile", "middle")),
+        Option("clustering.resize.max_bytes", int, 64 << 30, "consistent hashing: one resize plan rewrites at most "
+               "this many bytes", minimum=1),
+        Option("clustering.resize.max_partitions", int, 64, "consistent hashing: one resize plan covers at most "
+               "this many partitions", minimum=1),
+        Option("clustering.resize.writer_wait_s", float, 600.0,
+               "consistent hashing: how long a resize waits for writes that began before it was planned (they "
+               "cannot dual-write) before it gives up and is rolled back", minimum=0.0),
         Option("write.shuffle_partitions", int, 0,
                "Spark partitions of the write shuffle (0: Spark's default parallelism, one task per core)", minimum=0),
         Option("heartbeat.interval_s", float, 5.0, "how often an inflight writer refreshes its heartbeat",

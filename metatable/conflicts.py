@@ -20,6 +20,7 @@ Outcome of (this action, the concurrent action, do they share a file group?):
 | any other write                          | write                      | yes    | conflict: this write fails           |
 | compaction or clean                      | any                        | yes    | none                                 |
 | any                                      | clean                      | yes    | none                                 |
+| write or resize, consistent hashing      | resize or write            | yes    | none: dual writes (`dual_writes`)    |
 
 "Rehome" keeps the writer going: its log files are renamed into the file slice they land in, with the next
 log version of that slice, so logs are ordered by completion (Hudi 1.0's non-blocking concurrency control).
@@ -67,10 +68,12 @@ class Committer:
     index: str = "bucket"  # the table's index type
     updates: str = "reject"  # clustering.updates
     rehash: bool = False  # a clustering that changes the bucket count: it shares every file group
+    dual_writes: bool = False  # consistent hashing: writes meet resizes through dual writes, never a conflict
 
     @classmethod
     def of(cls, action: Action, config: TableConfig) -> Committer:
-        return cls(action, config.merge_on_read, config.index.type, config.options["clustering.updates"])
+        return cls(action, config.merge_on_read, config.index.type, config.options["clustering.updates"],
+                   dual_writes=config.index.consistent_hashing)
 
     @property
     def non_blocking(self) -> bool:
@@ -82,6 +85,8 @@ def outcome(this: Committer, other: Action, shared: bool, pending: bool = False,
     clustering that changes the bucket count (it shares every file group)."""
     shared = shared or (rehash and this.action in WRITE_ACTIONS) or (this.rehash and other in WRITE_ACTIONS)
     if not shared or other is Action.CLEAN:
+        return Outcome.NONE
+    if this.dual_writes and {this.action, other} in ({Action.REPLACECOMMIT, a} for a in WRITE_ACTIONS):
         return Outcome.NONE
     if this.action is Action.REPLACECOMMIT:
         if other not in WRITE_ACTIONS:

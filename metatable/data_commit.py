@@ -3,7 +3,8 @@
 Under the table lock: the conflict check (`conflicts.check`), the files that must move into the file
 slice they land in (re-homed), then the metadata table's deltacommit at the same instant (the `files`,
 `column_stats` and `bloom_filter` records of every new file, plus what the action itself records), and
-finally the commit metadata that completes the instant. A retried commit (a resumed service) first undoes
+finally the commit metadata that completes the instant. A consistent-hashing write settles its dual-write
+logs there (`dual_writes`) and records the initial ring of every partition it creates. A retried commit (a resumed service) first undoes
 what an earlier attempt left in the metadata table.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pickle
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -21,14 +22,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from indexes.bloom import FILTER_TYPE, BloomFilter
-from indexes.bucket import BucketAssigner
-from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key
+from indexes.consistent_hashing import initial_ring
+from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key, hashing_meta_key
 
 from .base_file import PARQUET, BaseFile, new_write_token
 from .base_file_writer import new_file
 from .conflicts import Committer, Concurrent, check, concurrent_with
 from .context import TableContext
 from .data_log import read_data_log, write_data_log, write_parquet_log
+from .dual_writes import DUAL, dual_rows, merge_into_base, resize_instant
 from .errors import ConflictError
 from .faults import crash_point
 from .instant import BOOTSTRAP_TIME, Action, Instant
@@ -56,6 +58,7 @@ class Commit:
     metadata: Content = field(default_factory=dict)  # commit metadata beyond the files (operation, counts)
     records: Records = field(default_factory=dict)  # metadata records beyond the new files' own
     file_groups: Sequence[str] | None = None  # the file groups it changes (default: those of its files)
+    catch_up: Callable[[list[WrittenFile]], list[WrittenFile]] | None = None  # a resize's, under the lock
 
 
 def commit(context: TableContext, c: Commit) -> Instant:
@@ -68,7 +71,9 @@ def publish(context: TableContext, c: Commit) -> Content:
     """Under the lock: check, roll back clusterings this write wins over, re-home, write the metadata
     deltacommit; returns the commit metadata."""
     time_ = c.instant.time
-    touched = sorted(c.file_groups if c.file_groups is not None else {f.group for f in c.files})
+    duals = [f for f in c.files if f.kind == DUAL]
+    files = [f for f in c.files if f.kind != DUAL]
+    touched = sorted(c.file_groups if c.file_groups is not None else {f.group for f in files})
     marked = partial(marked_file_groups, context) if c.committer.action is Action.REPLACECOMMIT else None
     concurrent = concurrent_with(context.timeline, c.instant, c.seen, marked)
     probe = None
@@ -80,8 +85,16 @@ def publish(context: TableContext, c: Commit) -> Content:
         log.warning("write %s wins over pending clustering %s (clustering.updates = abort_clustering): rolling "
                     "it back", time_, clustering.time)
         context.transactions.rollback(clustering)
-    files = rehome_files(context, time_, c.files, resolution.rehome) if resolution.rehome else list(c.files)
+    kept: list[str] = []
+    if c.committer.dual_writes and c.committer.action is not Action.REPLACECOMMIT:
+        files, kept = settle_duals(context, time_, files, duals)
+    files = rehome_files(context, time_, files, resolution.rehome) if resolution.rehome else files
+    if c.catch_up is not None:
+        files = c.catch_up(files)
     records = metadata_records(files, time_)
+    rings = new_rings(context, time_, files) if c.committer.dual_writes else {}
+    if rings:
+        records["hashing_meta"] = rings
     for partition, recs in c.records.items():
         records.setdefault(partition, {}).update(recs)
     metadata = context.metadata
@@ -93,7 +106,60 @@ def publish(context: TableContext, c: Commit) -> Content:
     metadata.complete(time_)
     touched = sorted({*touched, *(f.group for f in files)})  # re-homing may have moved rows into other groups
     return {**c.metadata, "file_groups": touched, "files": [f.relative for f in files],
-            "completed_at": time.time_ns()}
+            **({"dual_files": kept} if kept else {}), "completed_at": time.time_ns()}
+
+
+def new_rings(context: TableContext, instant: str, files: Sequence[WrittenFile]) -> dict[str, Any]:
+    """The initial ring of every partition these files create (two writers creating one agree on it)."""
+    partitions = sorted({f.partition for f in files})
+    known = context.metadata.get_many("hashing_meta", [hashing_meta_key(p) for p in partitions])
+    n = context.config.index.num_buckets
+    return {hashing_meta_key(p): {**initial_ring(p, n).to_record(), "instant": instant} for p in partitions
+            if hashing_meta_key(p) not in known}
+
+
+def settle_duals(context: TableContext, instant: str, files: list[WrittenFile],
+                 duals: Sequence[WrittenFile]) -> tuple[list[WrittenFile], list[str]]:
+    """A consistent-hashing write's dual-write logs (`dual_writes`): kept for a pending resize, adopted after a
+    committed one (whose replaced file groups' files are then dropped: the adopted logs hold their rows),
+    deleted after a rolled-back one. Returns the files to commit and the dual logs kept."""
+    view = context.view()
+    replaced_by = {(p, file_id): i.time for i, meta in view.replacements
+                   for p, ids in meta.get("replaced", {}).items() for file_id in ids}
+    out = []
+    for f in files:
+        by = replaced_by.get((f.partition, f.file_id))
+        if by is not None and by < instant:  # this write began after that resize was planned: it dual-wrote
+            context.storage.delete(context.paths.file(f.partition, f.file_name))
+            continue
+        out.append(f)
+    kept, adopt = [], []
+    for d in duals:
+        resize = context.timeline.get(resize_instant(d.file_name), Action.REPLACECOMMIT)
+        if resize is None:
+            context.storage.delete(context.paths.file(d.partition, d.file_name))
+        elif not resize.is_completed:
+            kept.append(d.relative)
+        else:
+            adopt.append(d)
+    slots = LogSlots(view)
+    by_group: dict[FileGroup, list[WrittenFile]] = {}
+    for d in adopt:
+        group = (d.partition, d.file_id)
+        log_file = WrittenFile(d.partition, d.file_id, d.file_name, "log", d.size, d.rows)
+        if group in view.replaced:  # a later resize replaced it too
+            out += split_into_successors(context, view, slots, instant, log_file)
+        elif context.config.merge_on_read and group in view.file_slices:
+            out.append(move_into(context, slots, instant, log_file, group))
+        else:  # copy-on-write, or a new file group that the resize left empty: a new base
+            by_group.setdefault(group, []).append(d)
+    for (partition, file_id), logs in sorted(by_group.items()):
+        rows = [dual_rows(context.storage, context.paths, context.config, partition, d.file_name) for d in logs]
+        out.append(merge_into_base(context.storage, context.paths, context.config, instant, partition, file_id,
+                                   view.file_slices.get((partition, file_id)), rows))
+        for d in logs:
+            context.storage.delete(context.paths.file(partition, d.file_name))
+    return out, kept
 
 
 def marked_file_groups(context: TableContext, instant: Instant) -> frozenset[str]:
@@ -228,7 +294,8 @@ def split_into_successors(context: TableContext, view: TimelineView, slots: LogS
         pq.read_table(source, schema=config.storage_schema)
     keys = rows[KEY_COLUMN]
     if config.index.type == "bucket":
-        ids = BucketAssigner(view.bucket_layout(config.index.num_buckets)).file_ids(keys, pa.repeat(pa.scalar(f.partition, pa.string()), len(keys)))
+        ids = view.bucket_assigner(config.index).file_ids(keys, pa.repeat(pa.scalar(f.partition, pa.string()),
+                                                                                  len(keys)))
         destination = np.array(ids.to_pylist(), dtype=object)
     else:
         destination = np.full(len(keys), targets[0][1], dtype=object)

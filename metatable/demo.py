@@ -4,7 +4,12 @@ TPC-H lineitem from tpchgen-cli is bulk-loaded into a merge-on-read table keyed 
 (l_orderkey, l_linenumber), partitioned by ship year, with a bucket index; then a
 5% upsert batch (90% updates, 10% new keys), 1,000 deletes, a check of the whole
 snapshot against the expected rows computed independently in Spark, a compaction,
-and a summary.
+a clustering that doubles the buckets, and a summary.
+
+Then the same data into a table with a consistent-hashing index that starts with 2 buckets per partition:
+its buckets outgrow the split threshold, a resize runs in another process (`metatable cluster run`) while
+the upsert batch is written, and the snapshot is checked again; the summary shows the bucket counts before
+and after.
 """
 from __future__ import annotations
 
@@ -96,7 +101,7 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
     expected = lineitem.join(batch.select(*KEY), KEY, "left_anti").unionByName(batch) \
         .join(doomed.select(*KEY), KEY, "left_anti").select(*lineitem.columns)  # joins move keys first
 
-    def verify() -> int:
+    def verify(table: Table = table) -> int:
         actual = table.read()
         n = actual.count()
         want = expected.count()
@@ -122,6 +127,8 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
           lambda instant: f"instant {instant}: {before} -> {files()}")
     timed("verify after clustering (every row)", rows, verify, lambda n: f"{n} rows, all as expected")
 
+    resized = resize_demo(lineitem, batch, doomed, verify, timed, workdir, total)
+
     stats = table.stats()
     print()
     print(f"metatable demo: TPC-H lineitem SF {scale_factor:g} ({total:,} rows) at {root}")
@@ -138,5 +145,54 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
     print("metadata table timeline (last 5):")
     for instant in table.metadata.timeline.instants()[-5:]:
         print(f"  {instant.time}  {instant.action.value:<12} {instant.state.value}")
+    print(f"\nconsistent hashing at {resized.path}: {resized.detail}")
     spark.stop()
     return steps
+
+
+@dataclass
+class Resized:
+    path: str
+    detail: str
+
+
+def resize_demo(lineitem, batch, doomed, verify, timed, workdir: str, total: int) -> Resized:
+    """A consistent-hashing table outgrows its 2 buckets per partition and is resized (in another process)
+    while the upsert batch is written; after the same deletes, `verify` checks it against the same expected
+    rows as the first table."""
+    from .spark_engine import arrow_schema_of
+
+    root = os.path.join(workdir, "lineitem_consistent_hashing")
+    shutil.rmtree(root, ignore_errors=True)
+    options = {"write.target_file_size": 1 << 20, "bucket.split_threshold": 2.0}
+    table = Table.create(root, arrow_schema_of(lineitem), KEY, ["ship_year"], table_type="merge_on_read",
+                         index=IndexConfig(type="bucket", engine="consistent_hashing", num_buckets=2),
+                         metadata_indexes=["column_stats"], options=options)
+
+    def buckets() -> int:
+        return sum(r["buckets"] for r in table.rings())
+
+    timed("consistent hashing: bulk load into 2 buckets per partition", total, lambda: table.insert(lineitem),
+          lambda r: f"{buckets()} buckets, largest {max(r['largest_bytes'] for r in table.rings()) / 2**20:.1f} MiB "
+                    f"(split threshold {2 * options['write.target_file_size'] / 2**20:.0f} MiB)")
+    before = buckets()
+    instant = table.schedule_clustering()
+    if instant is None:
+        raise AssertionError("the consistent-hashing table should have outgrown its buckets")
+    cli = [sys.executable, "-m", "metatable.cli", "cluster", "run", root, "--instant", instant]
+
+    def upsert_while_resizing():
+        resizer = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        result = table.upsert(batch)
+        out, err = resizer.communicate(timeout=1800)
+        if resizer.returncode != 0:
+            raise AssertionError(f"the resize failed: {err}")
+        return result
+
+    timed(f"upsert while resize {instant} runs in another process", batch.count(), upsert_while_resizing,
+          lambda r: f"instant {r.instant}: {r.inserted} inserted, {r.updated} updated; "
+                    f"buckets {before} -> {buckets()}")
+    table.delete(doomed)
+    timed("verify the resized table (every row)", total, lambda: verify(table), lambda n: f"{n} rows, all as expected")
+    return Resized(root, f"{before} buckets before the resize, {buckets()} after "
+                         f"(ring seq_no per partition: {sorted({r['seq_no'] for r in table.rings()})})")

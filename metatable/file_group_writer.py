@@ -3,22 +3,32 @@
 Merge-on-read appends the rows as a log block to the file group's latest slice (or writes a first base
 for a new file group); copy-on-write merges them with the slice and rewrites the base. Counts say what
 happened to the rows: inserted, updated, deleted, or skipped (an insert of a key that exists).
+
+Consistent hashing: when a pending resize replaces the file group, the rows it took (deletes as delete
+markers) are also written, in the same task, as "dual" logs of the new file groups the pending ring maps
+them to, based on the resize's instant. The commit keeps them for the resize to adopt, or adopts them itself
+once the resize has committed (`data_commit`). Only the groups under resize pay, and no row is shuffled
+twice.
 """
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
+from indexes.arrow_keys import hash32_array
+from indexes.consistent_hashing import RingPlan
+
 from .base_file import new_write_token
 from .base_file_writer import new_file, write_base_file
 from .data_log import write_data_log
+from .dual_writes import DUAL
 from .log_file import LogFile
 from .record_merge import dedupe_batch, merge_versions
 from .slice_reader import live_mask, members, read_slice
 from .storage import LocalStorage, Storage
 from .table_config import DELETED_COLUMN, KEY_COLUMN
 from .write_task import FILE_ID_COLUMN, PARTITION_COLUMN, WriteTask
-from .written import STATS_SCHEMA, stats_row
+from .written import NO_COUNTS, STATS_SCHEMA, stats_row
 
 
 class FileGroupWriter:
@@ -53,24 +63,36 @@ class FileGroupWriter:
             counts.update(deleted=incoming.num_rows)
         if incoming.num_rows == 0:
             return [stats_row(self.partition, self.file_id, None, None, 0, 0, counts)] if any(counts.values()) else []
+        duals = self._write_duals(incoming)
         if cow_current is not None:
             merged = merge_versions([cow_current, incoming], config.ordering_field, config.storage_schema)
-            return [self._write_base(merged, counts)]
+            return [self._write_base(merged, counts), *duals]
         if self.slice is None or self.slice.base is None:
             return [self._write_base(incoming.select(config.storage_schema.names).cast(config.storage_schema),
-                                     counts)]
-        return [self._write_log(incoming, counts)]
+                                     counts), *duals]
+        key = (self.partition, self.file_id)
+        base_instant = self.task.log_base_instants.get(key, self.slice.base_instant)
+        version = 1 + max((lf.version for lf in self.slice.logs if lf.base_instant == base_instant), default=0)
+        return [self._write_log(incoming, counts, self.file_id, base_instant, version), *duals]
 
     def _write_base(self, rows: pa.Table, counts: dict[str, int]) -> dict:
         written = write_base_file(self.storage, self.task.paths, self.config, self.task.instant, self.partition,
                                   self.file_id, rows)
         return {**written, **counts}
 
-    def _write_log(self, rows: pa.Table, counts: dict[str, int]) -> dict:
-        key = (self.partition, self.file_id)
-        base_instant = self.task.log_base_instants.get(key, self.slice.base_instant)
-        version = 1 + max((lf.version for lf in self.slice.logs if lf.base_instant == base_instant), default=0)
-        lf = LogFile(self.file_id, base_instant, version, f"{self.task.instant}-{new_write_token()}")
+    def _write_duals(self, rows: pa.Table) -> list[dict]:
+        plan = self.task.index_plan
+        resize = plan.resize_of(self.partition, self.file_id) if isinstance(plan, RingPlan) else None
+        if resize is None:
+            return []
+        instant, ring = resize
+        targets = ring.locate(hash32_array(rows[KEY_COLUMN]))
+        return [self._write_log(rows.filter(pa.array(targets == i)), NO_COUNTS, ring.live[i].file_id, instant, 1,
+                                DUAL) for i in np.unique(targets).tolist()]
+
+    def _write_log(self, rows: pa.Table, counts: dict[str, int], file_id: str, base_instant: str, version: int,
+                   kind: str = "log") -> dict:
+        lf = LogFile(file_id, base_instant, version, f"{self.task.instant}-{new_write_token()}")
         path = new_file(self.storage, self.task.paths, self.task.instant, self.partition, lf.file_name)
         schema = self.config.log_schema
         if DELETED_COLUMN not in rows.column_names:
@@ -80,8 +102,7 @@ class FileGroupWriter:
              for f in schema], schema=schema)
         write_data_log(self.storage, path, self.task.instant, block, self.config.options["write.log.block_format"],
                        self.config.options["write.parquet.compression"])
-        return stats_row(self.partition, self.file_id, lf.file_name, "log", self.storage.size(path),
-                         rows.num_rows, counts)
+        return stats_row(self.partition, file_id, lf.file_name, kind, self.storage.size(path), rows.num_rows, counts)
 
 
 def write_file_group(task: WriteTask, rows: pa.Table) -> pa.Table:

@@ -11,7 +11,6 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from indexes.arrow_keys import partition_paths, record_keys
-from indexes.bucket import BucketAssigner
 
 from .context import TableContext
 from .errors import InvalidInputError
@@ -32,7 +31,7 @@ def computed_file_ids(context: TableContext, view: TimelineView) -> FileIdsOf | 
     index = context.config.index
     if index.type != "bucket":
         return None
-    assigner = BucketAssigner(view.bucket_layout(index.num_buckets))
+    assigner = view.bucket_assigner(index)
 
     def file_ids_of(keys: pa.Array, partitions: Sequence[str]) -> dict[str, pa.Array]:
         return {p: assigner.file_ids(keys, pa.repeat(pa.scalar(p, pa.string()), len(keys))) for p in partitions}

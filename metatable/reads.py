@@ -72,11 +72,11 @@ def to_dataframe(context: TableContext, plan: ScanPlan, read_optimized: bool = F
     return df.where(spark_condition(plan.filters)) if plan.filters else df
 
 
-def file_group_stats(context: TableContext) -> list[dict[str, Any]]:
-    """Per file group: rows, bytes and pending logs of its latest slice."""
+def file_group_stats(context: TableContext, as_of: str | None = None) -> list[dict[str, Any]]:
+    """Per file group: rows, bytes and pending logs of its latest slice (as of a completed instant)."""
     storage, paths = context.storage, context.paths
     out = []
-    for (partition, file_id), fs in sorted(context.view().file_slices.items()):
+    for (partition, file_id), fs in sorted(context.view(as_of).file_slices.items()):
         base_rows = base_bytes = 0
         if fs.base:
             path = paths.file(partition, fs.base.file_name)
@@ -86,4 +86,24 @@ def file_group_stats(context: TableContext) -> list[dict[str, Any]]:
         out.append({"partition": partition, "file_id": file_id, "base_rows": base_rows, "base_bytes": base_bytes,
                     "logs": len(fs.logs), "log_rows": sum(log_row_count(storage, p) for p in log_paths),
                     "log_bytes": sum(storage.size(p) for p in log_paths)})
+    return out
+
+
+def ring_stats(context: TableContext) -> list[dict[str, Any]]:
+    """A consistent-hashing table's ring per partition: bucket count, seq_no, and its smallest and largest file
+    group with the hash range (low, high] each covers."""
+    view = context.view()
+    sizes = view.live_files
+    out = []
+    for partition, ring in sorted(view.rings.items()):
+        buckets = []
+        for node, low, high in ring.ranges():
+            fs = view.file_slices.get((partition, node.file_id))
+            size = sum(sizes[partition].get(n, 0) for n in fs.file_names) if fs else 0
+            buckets.append((size, node.file_id, low, high))
+        small, large = min(buckets), max(buckets)
+        out.append({"partition": partition, "buckets": ring.num_buckets, "seq_no": ring.seq_no,
+                    "instant": ring.instant, "smallest_bytes": small[0], "smallest_range": f"({small[2]}, {small[3]}]",
+                    "largest_bytes": large[0], "largest_range": f"({large[2]}, {large[3]}]",
+                    "largest_file_group": large[1]})
     return out

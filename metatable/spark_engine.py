@@ -1,7 +1,6 @@
 """The Spark side: a local session, the distributed write, and snapshot reads as DataFrames.
 
-Writes: an Arrow UDF tags each row (key, partition path, file group, and a second file group for a dual
-write) from its key and partition columns, Spark shuffles and sorts by file group, and `mapInArrow` writes
+Writes: an Arrow UDF tags each row (key, partition path, file group) from its key and partition columns, Spark shuffles and sorts by file group, and `mapInArrow` writes
 each file group on an executor as its rows stream past, returning one statistics row per file; only those
 rows reach the driver. Reads: base files that need no merge go to Spark's own Parquet reader; file slices
 with logs are merged by `mapInArrow` tasks, one slice at a time.
@@ -28,7 +27,6 @@ from .write_input import conformed_schema
 from .write_task import FILE_ID_COLUMN, PARTITION_COLUMN, WriteTask
 from .written import STATS_SCHEMA
 
-DUAL_FILE_ID_COLUMN = "_mt_dual_file_id"
 
 
 def spark_session(master: str = "local[2]", app_name: str = "metatable", shuffle_partitions: int = 4,
@@ -81,7 +79,7 @@ def conform_dataframe(df, config: TableConfig, operation: str):
 
 
 def _tag_udf(task: WriteTask):
-    """An Arrow UDF over only the key and partition columns, returning (key, partition, file id, dual file id):
+    """An Arrow UDF over only the key and partition columns, returning (key, partition, file id):
     the wide rows stay in the JVM until the write stage (measured: ~2x faster than tagging whole rows in
     Python)."""
     from pyspark.sql.functions import arrow_udf
@@ -91,12 +89,10 @@ def _tag_udf(task: WriteTask):
 
     def tag_struct(*arrays: pa.Array) -> pa.Array:
         keys, a = tagger(pa.table(list(arrays), names=names))
-        dual = a.dual_file_ids if a.dual_file_ids is not None else pa.nulls(len(keys), pa.string())
-        return pa.StructArray.from_arrays([keys, a.partitions, a.file_ids, dual],
-                                          names=[KEY_COLUMN, PARTITION_COLUMN, FILE_ID_COLUMN, DUAL_FILE_ID_COLUMN])
+        return pa.StructArray.from_arrays([keys, a.partitions, a.file_ids],
+                                          names=[KEY_COLUMN, PARTITION_COLUMN, FILE_ID_COLUMN])
 
-    returns = (f"struct<{KEY_COLUMN}: string, {PARTITION_COLUMN}: string, {FILE_ID_COLUMN}: string, "
-               f"{DUAL_FILE_ID_COLUMN}: string>")
+    returns = f"struct<{KEY_COLUMN}: string, {PARTITION_COLUMN}: string, {FILE_ID_COLUMN}: string>"
     return arrow_udf(tag_struct, returns).asNondeterministic(), names
 
 
@@ -108,10 +104,6 @@ def run_spark(task: WriteTask, df) -> pa.Table:
     columns = df.columns
     tag = udf(*[F.col(c) for c in inputs])
     file_id = F.col(f"_mt_tag.{FILE_ID_COLUMN}")
-    if task.dual_writes:  # a dual write repeats the row for its second file group (the UDF runs once per row)
-        dual = F.col(f"_mt_tag.{DUAL_FILE_ID_COLUMN}")
-        file_id = F.explode(F.when(dual.isNull(), F.array(file_id)).otherwise(F.array(file_id, dual)))
-    # measured: the explode costs ~10% of a 6M-row bulk load on 2 cores, so only writes that may dual-write plan it
     tagged = df.select(*columns, tag.alias("_mt_tag")) \
         .select(*columns, f"_mt_tag.{KEY_COLUMN}", f"_mt_tag.{PARTITION_COLUMN}", file_id.alias(FILE_ID_COLUMN)) \
         .where(F.col(FILE_ID_COLUMN).isNotNull())

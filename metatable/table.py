@@ -190,9 +190,14 @@ class Table:
         self.metadata.refresh()
         return done
 
-    def stats(self) -> list[dict[str, Any]]:
-        """Per file group: rows, bytes and pending logs of its latest slice."""
-        return reads.file_group_stats(self.context)
+    def stats(self, as_of: str | None = None) -> list[dict[str, Any]]:
+        """Per file group: rows, bytes and pending logs of its latest slice (as of a completed instant)."""
+        return reads.file_group_stats(self.context, as_of)
+
+    def rings(self) -> list[dict[str, Any]]:
+        """Consistent hashing: per partition the ring's bucket count, seq_no, smallest and largest file group
+        and the hash range each covers."""
+        return reads.ring_stats(self.context)
 
     def __repr__(self) -> str:
         c = self.config

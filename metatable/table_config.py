@@ -14,7 +14,7 @@ from .errors import ConfigError, InvalidInputError
 TABLE_TYPES = ("merge_on_read", "copy_on_write")
 METADATA_INDEXES = ("bloom_filter", "column_stats")
 INDEX_TYPES = ("bucket", "bloom")
-BUCKET_ENGINES = ("simple",)  # "consistent_hashing" joins with its implementation
+BUCKET_ENGINES = ("simple", "consistent_hashing")
 INDEX_SCOPES = ("partition", "global")
 
 KEY_COLUMN = "_mt_record_key"     # stored in every data file
@@ -26,7 +26,8 @@ META_COLUMNS = (KEY_COLUMN, DELETED_COLUMN)
 class IndexConfig:
     """How a write finds a record's file group.
 
-    type "bucket": engine "simple" (hash32(key) % num_buckets, fixed buckets per partition);
+    type "bucket": engine "simple" (hash32(key) % num_buckets, fixed buckets per partition) or
+    "consistent_hashing" (num_buckets initial buckets per partition on a hash ring, resized by clustering);
     type "bloom": the metadata-backed bloom index; `scope` "partition" (a key is unique within its partition)
     or "global" (unique across partitions: an update goes to the file group that holds the key).
     """
@@ -45,6 +46,10 @@ class IndexConfig:
             raise ConfigError(f"num_buckets must be a positive integer, got {self.num_buckets!r}")
         if self.scope not in INDEX_SCOPES:
             raise ConfigError(f"index scope must be one of {list(INDEX_SCOPES)}, got {self.scope!r}")
+
+    @property
+    def consistent_hashing(self) -> bool:
+        return self.type == "bucket" and self.engine == "consistent_hashing"
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "engine": self.engine, "num_buckets": self.num_buckets, "scope": self.scope}
@@ -126,7 +131,8 @@ class TableConfig:
 
     def metadata_partitions(self) -> dict[str, int]:
         """The metadata table's partitions and their file-group counts."""
-        return {p: config.file_groups(p, self.options) for p in ("files", *self.metadata_indexes)}
+        names = ("files", *self.metadata_indexes, *(("hashing_meta",) if self.index.consistent_hashing else ()))
+        return {p: config.file_groups(p, self.options) for p in names}
 
     def to_json(self) -> str:
         overridden = {k: v for k, v in self.options.items() if v != config.OPTIONS[k].default}

@@ -9,6 +9,7 @@ from indexes.arrow_keys import partition_paths, record_keys
 from indexes.assigner import Assigner, Assignment
 from indexes.bloom_index import BloomAssigner, BloomPlan
 from indexes.bucket import BucketAssigner
+from indexes.consistent_hashing import ConsistentHashingAssigner
 
 from .locator import Explain, MetadataIndex, SliceLocator
 from .metadata_table import MetadataTable
@@ -27,6 +28,8 @@ def tag_inputs(config: TableConfig) -> list[str]:
 
 def make_assigner(task: WriteTask) -> Assigner:
     config = task.config
+    if config.index.consistent_hashing:
+        return ConsistentHashingAssigner(task.index_plan)
     if config.index.type != "bloom":
         return BucketAssigner(task.index_plan)
     plan: BloomPlan = task.index_plan

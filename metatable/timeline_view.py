@@ -12,15 +12,17 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, Iterable
 
-from indexes.bucket import INITIAL_GENERATION, BucketLayout
+from indexes.bucket import INITIAL_GENERATION, BucketAssigner, BucketLayout
+from indexes.consistent_hashing import ConsistentHashingAssigner, Ring, RingPlan
 from indexes.keys import ALL_PARTITIONS_KEY
 
 from .base_file import PARQUET
-from .clustering_plan import busy_file_groups
+from .clustering_plan import ClusteringPlan, busy_file_groups
 from .errors import InvalidInputError
 from .file_slice import FileSlice, by_completion, latest_slice, parse_names
 from .instant import Action, Instant
 from .metadata_table import MetadataTable
+from .table_config import IndexConfig
 from .timeline import Timeline
 
 DATA_ACTIONS = (Action.COMMIT, Action.DELTACOMMIT, Action.COMPACTION, Action.REPLACECOMMIT)
@@ -92,6 +94,31 @@ class TimelineView:
         replaced = [(partition, file_id, instant.time) for instant, meta in self.replacements
                     for partition, ids in meta.get("replaced", {}).items() for file_id in ids]
         return BucketLayout.of(count, generation, self.file_slices, replaced)
+
+    @cached_property
+    def rings(self) -> dict[str, Ring]:
+        """A consistent-hashing table's committed ring of every partition (`hashing_meta`)."""
+        if "hashing_meta" not in self.metadata.partitions:
+            return {}
+        return {r["partition_path"]: Ring.from_record(r) for _, r in self.metadata.scan("hashing_meta")}
+
+    def pending_rings(self) -> dict[str, tuple[str, Ring]]:
+        """partition -> (instant, pending ring) of every pending resize."""
+        out = {}
+        for instant in self.pending([Action.REPLACECOMMIT]):
+            for ring in ClusteringPlan.from_record(self.plan(instant)).rings:
+                out[ring.partition] = (instant.time, ring)
+        return out
+
+    def index_plan(self, index: IndexConfig) -> BucketLayout | RingPlan:
+        """What a bucket index computes file groups from: the simple index's layout, or the rings."""
+        if index.consistent_hashing:
+            return RingPlan(index.num_buckets, self.rings, self.pending_rings())
+        return self.bucket_layout(index.num_buckets)
+
+    def bucket_assigner(self, index: IndexConfig) -> BucketAssigner | ConsistentHashingAssigner:
+        plan = self.index_plan(index)
+        return ConsistentHashingAssigner(plan) if isinstance(plan, RingPlan) else BucketAssigner(plan)
 
     @cached_property
     def file_slices(self) -> dict[FileGroup, FileSlice]:

@@ -79,7 +79,7 @@ class WriteClient:
                 raise
         with transactions.running(instant):
             plan = self.bloom_plan(view, data, operation, instant.time) if config.index.type == "bloom" \
-                else view.bucket_layout(config.index.num_buckets)
+                else view.index_plan(config.index)
             task = WriteTask(context.paths, config, instant.time, operation, view.file_slices,
                              view.log_base_instants(), plan)
             rows = (run_spark(task, data) if on_spark else run_local(task, data)).to_pylist()

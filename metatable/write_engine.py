@@ -21,16 +21,9 @@ from .written import STATS_SCHEMA
 
 
 def with_tags(rows: pa.Table, keys: pa.Array, assignment: Assignment) -> pa.Table:
-    """`rows` with their key, partition path and file group; rows assigned nowhere are dropped, rows with a
-    second file group (a dual write) appear once more for it."""
+    """`rows` with their key, partition path and file group; rows assigned nowhere are dropped."""
     tagged = rows.append_column(KEY_COLUMN, keys).append_column(PARTITION_COLUMN, assignment.partitions) \
         .append_column(FILE_ID_COLUMN, assignment.file_ids)
-    dual = assignment.dual_file_ids
-    if dual is not None and dual.null_count < len(dual):
-        has_dual = pc.is_valid(dual)
-        again = tagged.filter(has_dual)
-        again = again.set_column(again.schema.get_field_index(FILE_ID_COLUMN), FILE_ID_COLUMN, dual.filter(has_dual))
-        tagged = pa.concat_tables([tagged, again])
     return tagged.filter(pc.is_valid(tagged[FILE_ID_COLUMN])) if tagged[FILE_ID_COLUMN].null_count else tagged
 
 

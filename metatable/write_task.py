@@ -21,5 +21,4 @@ class WriteTask:
     operation: str
     slices: Mapping[tuple[str, str], FileSlice] = field(default_factory=dict)
     log_base_instants: Mapping[tuple[str, str], str] = field(default_factory=dict)  # pending compactions
-    index_plan: Any = None  # what the index pinned on the driver (BloomPlan, or the bucket index's BucketLayout)
-    dual_writes: bool = False  # whether the assigner may name a second file group for a row
+    index_plan: Any = None  # what the index pinned on the driver: BloomPlan, BucketLayout or RingPlan

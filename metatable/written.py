@@ -27,7 +27,7 @@ class WrittenFile:
     partition: str
     file_id: str
     file_name: str
-    kind: str  # "base" or "log"
+    kind: str  # "base", "log" or "dual" (a consistent-hashing dual-write log, `dual_writes`)
     size: int
     rows: int
     column_stats: bytes | None = None  # pickled column_stats records of a base file

@@ -5,6 +5,8 @@ ROLE "write": upsert random batches into partition p<SEED>, journaling {"instant
 {"rejected": message, "clustering": instant} per ClusteringConflict; any other failure ends the process
 with a traceback (exit 1). ROLE "cluster": cluster repeatedly, journaling {"clustered": instant}; a
 clustering that loses to writes (a conflict, or rolled back by a writer) is journaled as {"lost": message}.
+ROLE "read": read snapshots, journaling {"ok": ...} per read: no key twice and no partition smaller than in
+the previous read (writers only upsert).
 """
 from __future__ import annotations
 
@@ -51,12 +53,29 @@ def cluster(table: mt.Table, out, deadline: float) -> None:
         time.sleep(0.3)
 
 
+def read(table: mt.Table, out, deadline: float) -> None:
+    sizes: dict[str, int] = {}
+    while time.time() < deadline:
+        rows = table.to_arrow().select(["p", "id"]).to_pylist()
+        keys = [(r["p"], r["id"]) for r in rows]
+        now: dict[str, int] = {}
+        for p, _ in keys:
+            now[p] = now.get(p, 0) + 1
+        ok = len(keys) == len(set(keys)) and all(now.get(p, 0) >= n for p, n in sizes.items())
+        out.write(json.dumps({"ok": ok, "rows": len(keys), "sizes": now, "before": sizes}) + "\n")
+        out.flush()
+        sizes = now
+        time.sleep(0.2)
+
+
 def main() -> None:
     root, role, journal, seed, deadline, options = sys.argv[1:7]
     table = mt.Table.open(root, options=json.loads(options))
     with open(journal, "a") as out:
         if role == "write":
             write(table, out, int(seed), float(deadline))
+        elif role == "read":
+            read(table, out, float(deadline))
         else:
             cluster(table, out, float(deadline))
 

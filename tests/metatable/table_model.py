@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from indexes.column_stats import file_column_stats
 from indexes.keys import column_stats_key
+from metatable.instant import Action
 from metatable.log_file import LogFile
 from metatable.table import Table
 
@@ -58,10 +59,14 @@ def sort_rows(rows: list[dict]) -> list[dict]:
 
 
 def data_files_on_disk(table: Table) -> set[str]:
+    """Data files on disk, but for the dual-write logs kept for a pending resize (adopted when it commits)."""
+    pending = {i.time for i in table.context.timeline.pending([Action.REPLACECOMMIT])}
     out = set()
     for directory, dirs, names in os.walk(table.path):
         dirs[:] = [d for d in dirs if d != ".metatable"]
         for name in names:
+            if LogFile.is_log_name(name) and LogFile.parse(name).base_instant in pending:
+                continue
             if name.endswith(".parquet") or LogFile.is_log_name(name):
                 out.add(os.path.relpath(os.path.join(directory, name), table.path))
     return out

@@ -78,6 +78,32 @@ def test_cluster_commands(capsys, files):
     assert code == 2 and "bloom index" in err
 
 
+def test_resize_commands(capsys, files):
+    """A consistent-hashing table: stats shows the rings, cluster show a pending resize's splits, --plot draws
+    the sizes before and after."""
+    t = str(files / "t")
+    rows = "".join(f"{i},a,{'v' * 40}{i},1\n" for i in range(400))
+    (files / "many.csv").write_text("id,p,v,ts\n" + rows)
+    run(capsys, "create", t, "--schema-from", str(files / "in.csv"), "--key", "id", "--partition-by", "p",
+        "--ordering", "ts", "--engine", "consistent_hashing", "--buckets", "2")
+    run(capsys, "upsert", t, str(files / "many.csv"))
+    code, out, _ = run(capsys, "stats", t)
+    assert "consistent-hashing rings" in out and "largest_range" in out
+    options = ["--option", "write.target_file_size=1024", "--option", "bucket.split_threshold=1.5"]
+    code, out, _ = run(capsys, "cluster", "schedule", t, *options)
+    assert code == 0 and out.startswith("scheduled clustering "), out
+    instant = out.split()[-1]
+    code, out, _ = run(capsys, "cluster", "show", t)
+    assert f"{instant} requested: resize" in out and "resize of p=a (ring seq_no 0): 2 ->" in out and "split " in out
+    code, out, _ = run(capsys, "cluster", "run", t, "--instant", instant)
+    assert out == f"clustered at {instant}\n"
+    plot = files / "sizes.png"
+    code, out, _ = run(capsys, "stats", t, "--plot", str(plot))
+    assert code == 0 and plot.stat().st_size > 1000 and "wrote" in out
+    code, out, _ = run(capsys, "read", t, "--output", "json", "--limit", "0")
+    assert sorted(json.loads(line)["id"] for line in out.splitlines()) == list(range(400))
+
+
 @pytest.mark.parametrize("args,message", [
     (["read", "{root}/missing"], "no metatable table"),
     (["upsert", "{root}/t", "{root}/nothere.csv"], "does not exist"),

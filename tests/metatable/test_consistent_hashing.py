@@ -1,0 +1,365 @@
+"""The consistent-hashing bucket index through the public API: the dict model under random writes, resizes,
+compactions and cleans; RFC-42's test plan; SIGKILLed resizes; writers and readers in other processes."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import Phase, event, given, settings, strategies as st
+
+import metatable as mt
+from indexes.arrow_keys import hash32_array
+from indexes.consistent_hashing import initial_ring
+from indexes.keys import hashing_meta_key
+from metatable.errors import InvalidInputError
+from metatable.instant import Action
+
+from .table_model import SCHEMA, TableModel, check_metadata, rows_strategy, sort_rows
+from .test_write_concurrency import act, child, finished, rows
+
+BASE = {"heartbeat.interval_s": 0.05, "heartbeat.tolerable_misses": 2, "clean.retain_commits": 3,
+        "clean.inline": False}
+GROW = {"write.target_file_size": 1200, "bucket.split_threshold": 1.0, "bucket.merge_threshold": 0.0}
+SHRINK = {"write.target_file_size": 1 << 20, "bucket.merge_threshold": 1.0}
+
+
+def ch_index(n: int = 2) -> mt.IndexConfig:
+    return mt.IndexConfig(type="bucket", engine="consistent_hashing", num_buckets=n)
+
+
+def create(root: str, table_type: str = "merge_on_read", partitioned: bool = True, buckets: int = 2,
+           options: dict | None = None) -> mt.Table:
+    return mt.Table.create(root, SCHEMA, "id", "p" if partitioned else None, "ts", table_type=table_type,
+                           index=ch_index(buckets), options={**BASE, **(options or {})})
+
+
+def with_options(table: mt.Table, options: dict) -> mt.Table:
+    return mt.Table.open(table.path, options={**BASE, **options})
+
+
+def rings(table: mt.Table) -> dict:
+    return table.context.view().rings
+
+
+def check_placement(table: mt.Table, partitioned: bool) -> None:
+    """Every live key sits in the file group that the ring in hashing_meta maps it to (found by reading the
+    files, not through the ring)."""
+    data = table.to_arrow()
+    if data.num_rows == 0:
+        return
+    keys = data.select(["id", "p"] if partitioned else ["id"])
+    found = table.lookup(keys, using="metadata")
+    view = table.context.view()
+    partitions = found["partition"].combine_chunks()
+    expected = view.bucket_assigner(table.config.index).file_ids(found["key"].combine_chunks(), partitions)
+    assert found["file_id"].to_pylist() == expected.to_pylist()
+
+
+def check_seq_nos(table: mt.Table) -> None:
+    """seq_no rose by one per committed resize of the partition."""
+    resizes: dict[str, int] = {}
+    for instant in table.context.timeline.completed([Action.REPLACECOMMIT]):
+        for partition in table.context.timeline.read_json(instant)["replaced"]:
+            resizes[partition] = resizes.get(partition, 0) + 1
+    assert {p: r.seq_no for p, r in rings(table).items()} == {p: resizes.get(p, 0) for p in rings(table)}
+
+
+step_strategy = st.one_of(
+    st.tuples(st.sampled_from(["upsert"] * 4 + ["delete"]), rows_strategy),
+    st.tuples(st.sampled_from(["schedule_split", "schedule_merge", "run", "split", "merge", "compact", "clean"])),
+)
+
+
+@pytest.mark.slow
+@settings(max_examples=30, deadline=None, phases=[Phase.generate, Phase.shrink])
+@given(seed=st.lists(rows_strategy, min_size=2, max_size=3), steps=st.lists(step_strategy, min_size=3, max_size=12),
+       table_type=st.sampled_from(["merge_on_read", "copy_on_write"]), partitioned=st.booleans())
+def test_consistent_hashing_equals_the_model(seed, steps, table_type, partitioned):
+    root = tempfile.mkdtemp(prefix="mt-ch-")
+    try:
+        table = create(f"{root}/t", table_type, partitioned)
+        model = TableModel(partitioned)
+        for step in [("upsert", batch) for batch in seed] + steps:
+            kind = step[0]
+            if kind in ("upsert", "delete"):
+                pending = table.context.timeline.pending([Action.REPLACECOMMIT])
+                data = pa.Table.from_pylist(step[1], schema=SCHEMA)
+                getattr(table, kind)(data.select(["id", "p"]) if kind == "delete" else data)
+                model.apply(kind, step[1])
+                event("write while a resize is pending" if pending else "write")
+            elif kind.startswith("schedule"):
+                done = with_options(table, GROW if kind.endswith("split") else SHRINK).schedule_clustering()
+                event(f"{kind}: {'planned' if done else 'nothing'}")
+            elif kind == "run":
+                table.run_clustering()
+            elif kind in ("split", "merge"):
+                done = with_options(table, GROW if kind == "split" else SHRINK).cluster()
+                event(f"{kind}: {'done' if done else 'nothing'}")
+            elif kind == "compact":
+                table.compact()
+            else:
+                table.clean()
+            assert sort_rows(table.to_arrow().to_pylist()) == model.expected(), step
+            check_placement(table, partitioned)
+            check_seq_nos(table)
+            check_metadata(table)
+        table.run_clustering()
+        assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
+        check_placement(table, partitioned)
+        check_metadata(table)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def batch(ids, p="a", v="v", ts=1) -> pa.Table:
+    return pa.Table.from_pylist(rows(ids, p, v, ts), schema=SCHEMA)
+
+
+def bucket_sizes(table: mt.Table, partition: str) -> list[int]:
+    sizes = table.context.view().live_files[partition]
+    return [sum(sizes.get(n, 0) for n in fs.file_names) for (p, _), fs in table.file_slices().items() if p == partition]
+
+
+def test_initial_ring_is_written_with_the_first_commit(tmp_path):
+    """RFC-42 test plan (1): initializing."""
+    table = create(str(tmp_path / "t"), buckets=4)
+    assert rings(table) == {}
+    table.upsert(batch(range(100), "a"))
+    ring = rings(table)["p=a"]
+    assert ring.seq_no == 0 and ring.num_buckets == 4
+    assert [n.value for n in ring.nodes] == [n.value for n in initial_ring("p=a", 4).nodes]
+    assert {fid for (_, fid) in table.file_slices()} <= set(ring.file_ids)
+    record = table.metadata.get("hashing_meta", hashing_meta_key("p=a"))
+    assert record["num_buckets"] == 4 and record["instant"] == table.timeline()[-1].time
+    table.upsert(batch(range(50, 150), "a"))
+    assert rings(table)["p=a"].instant == record["instant"], "a later write keeps the ring"
+    found = table.lookup(pa.table({"id": [1, 120, 999], "p": ["a", "a", "a"]}))
+    assert found["file_id"].to_pylist()[2] is None and all(found["file_id"].to_pylist()[:2])
+
+
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+def test_multiple_rounds_of_split_and_merge(tmp_path, table_type):
+    """RFC-42 test plan (2)."""
+    table = create(str(tmp_path / "t"), table_type, buckets=2)
+    model = TableModel(True)
+    grow = with_options(table, {"write.target_file_size": 3000, "bucket.split_threshold": 1.5,
+                                "bucket.merge_threshold": 0.0})
+    counts = []
+    start = 0
+    for round_, size in enumerate([500, 1200, 2500]):  # each round more than doubles the rows
+        data = [{"id": i, "p": "a", "v": f"r{round_}-{(i * 2654435761) % 2**32:08x}", "ts": 1}
+                for i in range(start, start + size)]
+        start += size
+        table.upsert(pa.Table.from_pylist(data, schema=SCHEMA))
+        model.apply("upsert", data)
+        assert grow.cluster() is not None
+        counts.append(rings(table)["p=a"].num_buckets)
+        assert max(bucket_sizes(table, "p=a")) <= 1.5 * 3000
+        assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
+    assert counts == sorted(counts) and counts[-1] > counts[0] > 2
+    gone = rows(range(0, start - 60), "a", "x")
+    table.delete(pa.Table.from_pylist(gone, schema=SCHEMA).select(["id", "p"]))
+    model.apply("delete", gone)
+    table.compact()  # merge-on-read: sizes count the logs until a compaction
+    shrink = with_options(table, {"write.target_file_size": 3000, "bucket.merge_threshold": 0.9})
+    assert shrink.cluster() is not None
+    assert rings(table)["p=a"].num_buckets < counts[-1]
+    assert rings(table)["p=a"].seq_no == 4
+    assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
+    check_placement(table, True)
+    check_metadata(table)
+
+
+def skewed_keys(n: int, below: int = 1 << 24) -> list[int]:
+    """n ids whose key hashes all fall in [0, below): one bucket of any initial ring holds them all."""
+    out: list[int] = []
+    start = 0
+    while len(out) < n:
+        ids = np.arange(start, start + 200_000)
+        hashes = hash32_array(pa.array([str(i) for i in ids]))
+        out += ids[hashes < below].tolist()
+        start += 200_000
+    return out[:n]
+
+
+def test_extreme_skew_converges_in_one_quantile_round(tmp_path, record_property):
+    """RFC-42 test plan (3): most keys in a small hash range. quantile: every file group within the split
+    threshold after ONE round; middle: the rounds it takes are reported."""
+    ids = skewed_keys(3000)
+    options = {"write.target_file_size": 8000, "bucket.split_threshold": 1.5, "bucket.merge_threshold": 0.0}
+    rounds = {}
+    for point in ("quantile", "middle"):
+        table = create(str(tmp_path / point), buckets=4)
+        table.upsert(pa.Table.from_pylist(rows(ids, "a", "skewed"), schema=SCHEMA))
+        resizer = with_options(table, {**options, "bucket.split_point": point})
+        n = 0
+        while max(bucket_sizes(table, "p=a")) > 1.5 * 8000:
+            assert resizer.cluster() is not None and n < 40
+            n += 1
+        rounds[point] = n
+        assert table.to_arrow().num_rows == len(ids)
+        check_placement(table, True)
+    record_property("resize_rounds", json.dumps(rounds))
+    print("rounds until every file group is within the split threshold:", rounds)
+    assert rounds["quantile"] == 1
+    assert rounds["middle"] > 3  # the two-way split halves a range: ~log2(size / target) rounds, and more
+
+
+def test_schedule_refuses_what_a_resize_does_not_take(tmp_path):
+    table = create(str(tmp_path / "t"))
+    table.upsert(batch(range(10)))
+    with pytest.raises(InvalidInputError, match="consistent-hashing"):
+        table.schedule_clustering(sort_columns=["v"])
+    with pytest.raises(InvalidInputError, match="consistent-hashing"):
+        table.schedule_clustering(num_buckets=8)
+
+
+def pending_resize(root: str, table_type: str = "merge_on_read") -> tuple[mt.Table, TableModel, str]:
+    """A table with 600 rows and a resize planned on it."""
+    table = create(root, table_type)
+    model = TableModel(True)
+    first = rows(range(600), "a", "v0")
+    table.upsert(pa.Table.from_pylist(first, schema=SCHEMA))
+    model.apply("upsert", first)
+    instant = with_options(table, GROW).schedule_clustering()
+    assert instant is not None
+    return table, model, instant
+
+
+def check_all(table: mt.Table, model: TableModel) -> None:
+    assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
+    check_placement(table, True)
+    check_metadata(table)
+
+
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+def test_writes_during_a_pending_resize_dual_write(tmp_path, table_type):
+    """Writes after the plan (dual writes: an upsert and a delete) commit before the resize: its catch-up
+    adopts their dual logs."""
+    table, model, instant = pending_resize(str(tmp_path / "t"), table_type)
+    during = rows(range(0, 700, 3), "a", "during", 2)
+    table.upsert(pa.Table.from_pylist(during, schema=SCHEMA))
+    model.apply("upsert", during)
+    table.delete(batch(range(1, 60, 2)).select(["id", "p"]))
+    model.apply("delete", rows(range(1, 60, 2), "a", ""))
+    check_all(table, model)  # the old buckets serve reads meanwhile; the dual logs are not visible
+    assert table.run_clustering() == [instant]
+    check_all(table, model)
+
+
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+def test_a_write_that_began_while_the_resize_was_pending_commits_after_it(tmp_path, table_type):
+    """The writer (another process) begins after the plan and is held before its commit while the resize
+    commits: it adopts its own dual logs and drops its files of the replaced buckets."""
+    table, model, instant = pending_resize(str(tmp_path / "t"), table_type)
+    late = rows(range(0, 700, 2), "a", "late", 5)
+    writer = act(table.path, "upsert", late, {**BASE, "heartbeat.interval_s": 0.5},
+                 METATABLE_PAUSE_AT="table.write.files:8")
+    deadline = time.time() + 30
+    while not table.context.timeline.pending([Action.DELTACOMMIT, Action.COMMIT]) and time.time() < deadline:
+        time.sleep(0.05)  # the writer has begun
+    assert table.run_clustering() == [instant]
+    code, out, err = finished(writer)
+    assert code == 0, out + err
+    model.apply("upsert", late)
+    check_all(table, model)
+    replaced = table.context.view().replaced
+    assert not {(p, f) for (p, f) in table.file_slices()} & replaced
+
+
+def test_two_resizes_racing_for_one_partition(tmp_path):
+    """RFC-42 test plan (5): one wins; the other finds nothing to plan, or fails cleanly."""
+    table = create(str(tmp_path / "t"))
+    model = TableModel(True)
+    data = rows(range(800), "a", "v0")
+    table.upsert(pa.Table.from_pylist(data, schema=SCHEMA))
+    model.apply("upsert", data)
+    start = time.time() + 4
+    racers = [act(table.path, "cluster", [], {**BASE, **GROW}, start_at=start) for _ in range(2)]
+    results = [finished(r) for r in racers]
+    assert all(code in (0, 3) for code, _, _ in results), results
+    completed = table.context.timeline.completed([Action.REPLACECOMMIT])
+    assert len(completed) == 1, results
+    assert rings(table)["p=a"].seq_no == 1
+    assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
+    check_metadata(table)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["table.clustering.files", "metadata.write.log", "table.commit.metadata",
+                                   "table.commit", "random"])
+def test_sigkill_of_a_resize(tmp_path, point):
+    table = create(str(tmp_path / "t"), options={"heartbeat.interval_s": 0.1})
+    model = TableModel(True)
+    for b in range(4):
+        data = rows(range(b * 200, b * 200 + 300), "a", f"v{b}", b) + rows(range(b * 50, b * 50 + 100), "b", "w", b)
+        table.upsert(pa.Table.from_pylist(data, schema=SCHEMA))
+        model.apply("upsert", data)
+    options = {**BASE, **GROW, "heartbeat.interval_s": 0.1}
+    if point == "random":
+        proc = act(table.path, "cluster", [], options)
+        time.sleep(random.uniform(1.0, 3.0))
+        proc.send_signal(signal.SIGKILL)
+        finished(proc)
+    else:
+        code, out, err = finished(act(table.path, "cluster", [], options, METATABLE_CRASH_AT=point))
+        assert code == -signal.SIGKILL, out + err
+    time.sleep(0.5)  # its heartbeat expires
+    fresh = with_options(table, GROW)
+    assert sort_rows(fresh.to_arrow().to_pylist()) == model.expected()
+    check_placement(fresh, True)
+    fresh.run_clustering()  # resumes the interrupted resize
+    assert not fresh.context.timeline.pending()
+    assert sort_rows(fresh.to_arrow().to_pylist()) == model.expected()
+    check_placement(fresh, True)
+    check_seq_nos(fresh)
+    check_metadata(fresh)
+    more = rows(range(2000, 2600), "a", "more", 9)
+    fresh.upsert(pa.Table.from_pylist(more, schema=SCHEMA))
+    model.apply("upsert", more)
+    assert fresh.cluster() is not None, "the next resize succeeds"
+    assert sort_rows(fresh.to_arrow().to_pylist()) == model.expected()
+    check_placement(fresh, True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+def test_writers_and_readers_in_other_processes_during_resizes(tmp_path, table_type):
+    """RFC-42 test plan (4): two writer processes upsert in a loop for the whole run while a third resizes
+    over and over and a fourth reads: no writer fails, nothing is lost or duplicated, every read is a
+    committed state (no key twice, no partition shrinking)."""
+    root = str(tmp_path / "t")
+    # clean keeps what the last 100 commits read: a snapshot read outlives a few commits (retention bounds the
+    # longest read, as in Hudi and Delta)
+    options = {**BASE, "heartbeat.interval_s": 0.5, "clean.inline": True, "clean.retain_commits": 100}
+    create(root, table_type, options=options)
+    deadline = time.time() + 25
+    journals = [str(tmp_path / f"journal-{i}") for i in range(4)]
+    procs = [child("clustering_child", root, "write", journals[i], str(i), str(deadline), json.dumps(options))
+             for i in range(2)]
+    resizer = {**options, "write.target_file_size": 1500, "bucket.split_threshold": 1.0,
+               "bucket.merge_threshold": 0.0}
+    procs.append(child("clustering_child", root, "cluster", journals[2], "0", str(deadline), json.dumps(resizer)))
+    procs.append(child("clustering_child", root, "read", journals[3], "0", str(deadline), json.dumps(options)))
+    for proc in procs:
+        code, _, err = finished(proc, timeout=240)
+        assert code == 0, err
+    table = mt.Table.open(root)
+    from .test_clustering import model_of
+    model, rejected = model_of(table, journals[:2])
+    assert not rejected
+    resized = [json.loads(line) for line in open(journals[2])]
+    assert sum(1 for r in resized if r.get("clustered")) >= 2, resized
+    assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
+    reads = [json.loads(line) for line in open(journals[3])]
+    assert len(reads) >= 5 and all(r["ok"] for r in reads), [r for r in reads if not r["ok"]][:3]
+    assert sum(r.seq_no for r in rings(table).values()) >= 2
+    check_placement(table, True)
+    check_metadata(table)
