@@ -152,7 +152,8 @@ def merge(ring: Ring, indexes: Sequence[int]) -> list[Node]:
     new REPLACE node keeps."""
     live = ring.live
     n = len(live)
-    if len(indexes) < 2 or any((b - a) % n != 1 for a, b in zip(indexes, indexes[1:])) or len(set(indexes)) != len(indexes):
+    consecutive = all((b - a) % n == 1 for a, b in zip(indexes, indexes[1:]))
+    if len(indexes) < 2 or not consecutive or len(set(indexes)) != len(indexes):
         raise ValueError(f"only adjacent nodes merge; {list(indexes)} are not consecutive on a ring of {n}")
     low, last = live[indexes[0] - 1].value, live[indexes[-1]]
     merged = Node(last.value, node_prefix(ring.partition, low, last.value, ring.seq_no + 1), REPLACE)

@@ -266,8 +266,6 @@ def execute(context: TableContext, instant: Instant, record: Content, spark: Any
         with context.transactions.lock.held():  # a rollback holds the lock until it is done
             gone = context.timeline.get(instant.time, Action.REPLACECOMMIT) is None
         if not gone:
-            if plan.rings:  # it is rolled back next: the dual-write logs kept for it go too
-                remove_outputs(context, plan, instant.time)
             raise
         # a write won over it (abort_clustering) and rolled it back meanwhile; what it wrote since goes too
         remove_outputs(context, plan, instant.time)

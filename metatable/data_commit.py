@@ -4,8 +4,8 @@ Under the table lock: the conflict check (`conflicts.check`), the files that mus
 slice they land in (re-homed), then the metadata table's deltacommit at the same instant (the `files`,
 `column_stats` and `bloom_filter` records of every new file, plus what the action itself records), and
 finally the commit metadata that completes the instant. A consistent-hashing write settles its dual-write
-logs there (`dual_writes`) and records the initial ring of every partition it creates. A retried commit (a resumed service) first undoes
-what an earlier attempt left in the metadata table.
+logs there (`dual_writes`) and records the initial ring of every partition it creates. A retried commit (a
+resumed service) first undoes what an earlier attempt left in the metadata table.
 """
 from __future__ import annotations
 

@@ -127,14 +127,14 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
           lambda instant: f"instant {instant}: {before} -> {files()}")
     timed("verify after clustering (every row)", rows, verify, lambda n: f"{n} rows, all as expected")
 
-    resized = resize_demo(lineitem, batch, doomed, verify, timed, workdir, total)
+    resized = resize_demo(lineitem, batch, doomed, verify, timed, workdir, total, scale_factor)
 
     stats = table.stats()
     print()
     print(f"metatable demo: TPC-H lineitem SF {scale_factor:g} ({total:,} rows) at {root}")
-    print(f"{'step':<54} {'rows':>10} {'seconds':>8} {'rows/s':>10}")
+    print(f"{'step':<62} {'rows':>10} {'seconds':>8} {'rows/s':>10}")
     for s in steps:
-        print(f"{s.name:<54} {s.rows:>10,} {s.seconds:>8.1f} {s.rows / s.seconds if s.seconds else 0:>10,.0f}")
+        print(f"{s.name:<62} {s.rows:>10,} {s.seconds:>8.1f} {s.rows / s.seconds if s.seconds else 0:>10,.0f}")
     print(f"\ntable: {len(stats)} file groups in {len({s['partition'] for s in stats})} partitions, "
           f"{sum(s['base_rows'] for s in stats):,} rows, "
           f"{sum(s['base_bytes'] for s in stats) / 2**20:.1f} MiB of base files, "
@@ -156,7 +156,7 @@ class Resized:
     detail: str
 
 
-def resize_demo(lineitem, batch, doomed, verify, timed, workdir: str, total: int) -> Resized:
+def resize_demo(lineitem, batch, doomed, verify, timed, workdir: str, total: int, scale_factor: float) -> Resized:
     """A consistent-hashing table outgrows its 2 buckets per partition and is resized (in another process)
     while the upsert batch is written; after the same deletes, `verify` checks it against the same expected
     rows as the first table."""
@@ -164,7 +164,8 @@ def resize_demo(lineitem, batch, doomed, verify, timed, workdir: str, total: int
 
     root = os.path.join(workdir, "lineitem_consistent_hashing")
     shutil.rmtree(root, ignore_errors=True)
-    options = {"write.target_file_size": 1 << 20, "bucket.split_threshold": 2.0}
+    # a target that the 2 initial buckets per partition outgrow about 3-fold at any scale factor
+    options = {"write.target_file_size": int(5 * 2**20 * scale_factor), "bucket.split_threshold": 2.0}
     table = Table.create(root, arrow_schema_of(lineitem), KEY, ["ship_year"], table_type="merge_on_read",
                          index=IndexConfig(type="bucket", engine="consistent_hashing", num_buckets=2),
                          metadata_indexes=["column_stats"], options=options)
@@ -174,7 +175,7 @@ def resize_demo(lineitem, batch, doomed, verify, timed, workdir: str, total: int
 
     timed("consistent hashing: bulk load into 2 buckets per partition", total, lambda: table.insert(lineitem),
           lambda r: f"{buckets()} buckets, largest {max(r['largest_bytes'] for r in table.rings()) / 2**20:.1f} MiB "
-                    f"(split threshold {2 * options['write.target_file_size'] / 2**20:.0f} MiB)")
+                    f"(split threshold {2 * options['write.target_file_size'] / 2**20:.1f} MiB)")
     before = buckets()
     instant = table.schedule_clustering()
     if instant is None:

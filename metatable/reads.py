@@ -103,7 +103,7 @@ def ring_stats(context: TableContext) -> list[dict[str, Any]]:
             buckets.append((size, node.file_id, low, high))
         small, large = min(buckets), max(buckets)
         out.append({"partition": partition, "buckets": ring.num_buckets, "seq_no": ring.seq_no,
-                    "instant": ring.instant, "smallest_bytes": small[0], "smallest_range": f"({small[2]}, {small[3]}]",
-                    "largest_bytes": large[0], "largest_range": f"({large[2]}, {large[3]}]",
-                    "largest_file_group": large[1]})
+                    "instant": ring.instant, "smallest_file_group": small[1], "smallest_bytes": small[0],
+                    "smallest_range": f"({small[2]}, {small[3]}]", "largest_file_group": large[1],
+                    "largest_bytes": large[0], "largest_range": f"({large[2]}, {large[3]}]"})
     return out

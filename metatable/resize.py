@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from indexes.arrow_keys import hash32_array
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 
 def resize_plan(context: TableContext, view: TimelineView, partitions: Sequence[str] | None) -> ClusteringPlan | None:
+    """The resize of every partition (of `partitions`, or all) whose buckets need one; None when none does."""
     options = context.config.options
     limits = ResizeLimits.of(options)
     busy = set(view.pending_rings()) | {name.rpartition("/")[0] for name in view.busy()}  # incl. compactions
@@ -51,9 +53,10 @@ def resize_plan(context: TableContext, view: TimelineView, partitions: Sequence[
     groups: list[Group] = []
     rings: list[Ring] = []
     planned_bytes = 0
+    by_partition = slices_by_partition(view)
     for partition in chosen:
         ring = view.rings[partition]
-        slices = {fs.file_id: fs for (p, _), fs in view.file_slices.items() if p == partition}
+        slices = by_partition.get(partition, {})
         refs = {file_id: slice_ref(view, fs) for file_id, fs in slices.items()}
         sizes = [refs[fid].bytes if fid in refs else 0 for fid in ring.file_ids]
 
@@ -76,12 +79,19 @@ def resize_plan(context: TableContext, view: TimelineView, partitions: Sequence[
     return ClusteringPlan(RESIZE, tuple(groups), rings=tuple(rings)) if rings else None
 
 
+def slices_by_partition(view: TimelineView) -> dict[str, dict[str, FileSlice]]:
+    out: dict[str, dict[str, FileSlice]] = {}
+    for (partition, file_id), fs in view.file_slices.items():
+        out.setdefault(partition, {})[file_id] = fs
+    return out
+
+
 def slice_ref(view: TimelineView, fs: FileSlice) -> SliceRef:
     sizes = view.live_files[fs.partition]
     return SliceRef(fs.file_id, tuple(fs.file_names), sum(sizes.get(n, 0) for n in fs.file_names))
 
 
-def slice_keys(context: TableContext, fs: FileSlice):
+def slice_keys(context: TableContext, fs: FileSlice) -> pa.ChunkedArray:
     """The record keys of a file slice (its base's key column alone when it has no logs)."""
     if fs.base and not fs.logs:
         return key_column(context.paths.file(fs.partition, fs.base.file_name))[0]
@@ -101,12 +111,13 @@ def as_of_now(plan: ClusteringPlan, view: TimelineView) -> ClusteringPlan:
     """The plan over the old file groups as they are now (the writes before it added to them, or created
     some), so that the resize reads every row those writes committed."""
     groups: list[Group] = []
+    by_partition = slices_by_partition(view)
     for pending in plan.rings:
         committed = view.rings.get(pending.partition)
         if committed is None or committed.seq_no != pending.seq_no:
             raise ConflictError(f"resize: the ring of partition {pending.partition!r} changed since it was planned; "
                                 "it is rolled back, schedule it again")
-        refs = {fs.file_id: slice_ref(view, fs) for (p, _), fs in view.file_slices.items() if p == pending.partition}
+        refs = {fid: slice_ref(view, fs) for fid, fs in by_partition.get(pending.partition, {}).items()}
         groups += resize_groups(pending.partition, committed, pending, refs)
     return ClusteringPlan(plan.strategy, tuple(groups), plan.sort_columns, plan.num_buckets, plan.rings)
 
@@ -132,6 +143,8 @@ def wait_for_earlier_writes(context: TableContext, instant: Instant) -> None:
     while True:
         earlier = [i for i in context.timeline.pending(WRITE_ACTIONS) if i.time < instant.time]
         if not earlier:
+            if time.monotonic() - started > 1:
+                log.info("resize %s waited %.1fs for earlier writes", instant.time, time.monotonic() - started)
             return
         if time.monotonic() - started > limit:
             raise ConflictError(f"resize {instant.time} waited {limit:.0f}s for writes {[i.time for i in earlier]} "
@@ -179,10 +192,14 @@ class CatchUp:
                 out.append(merge_into_base(context.storage, context.paths, config, self.instant, partition, file_id,
                                            current, rows, self.write_token))
             self.adopted += [(partition, n) for n in names]
+        if self.adopted:
+            log.info("resize %s caught up %d dual-write logs of writes committed meanwhile", self.instant,
+                     len(self.adopted))
         return out
 
     def check_rings(self) -> None:
-        stored = self.context.metadata.get_many("hashing_meta", [hashing_meta_key(r.partition) for r in self.plan.rings])
+        keys = [hashing_meta_key(r.partition) for r in self.plan.rings]
+        stored = self.context.metadata.get_many("hashing_meta", keys)
         for ring in self.plan.rings:
             now = stored.get(hashing_meta_key(ring.partition))
             if now is None or now["seq_no"] != ring.seq_no:

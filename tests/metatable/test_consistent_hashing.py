@@ -3,6 +3,7 @@ compactions and cleans; RFC-42's test plan; SIGKILLed resizes; writers and reade
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import signal
@@ -69,6 +70,13 @@ def check_seq_nos(table: mt.Table) -> None:
         for partition in table.context.timeline.read_json(instant)["replaced"]:
             resizes[partition] = resizes.get(partition, 0) + 1
     assert {p: r.seq_no for p, r in rings(table).items()} == {p: resizes.get(p, 0) for p in rings(table)}
+
+
+def check_all(table: mt.Table, model: TableModel) -> None:
+    """Snapshot, placement and metadata of a partitioned table."""
+    assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
+    check_placement(table, True)
+    check_metadata(table)
 
 
 step_strategy = st.one_of(
@@ -172,9 +180,18 @@ def test_multiple_rounds_of_split_and_merge(tmp_path, table_type):
     assert shrink.cluster() is not None
     assert rings(table)["p=a"].num_buckets < counts[-1]
     assert rings(table)["p=a"].seq_no == 4
-    assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
-    check_placement(table, True)
-    check_metadata(table)
+    check_all(table, model)
+    # compaction and clean keep working; clean deletes the replaced file groups after retention
+    for n in range(BASE["clean.retain_commits"] + 1):
+        more = rows(range(5000 + n * 10, 5010 + n * 10), "a", "more")
+        table.upsert(pa.Table.from_pylist(more, schema=SCHEMA))
+        model.apply("upsert", more)
+    table.compact()
+    assert table.clean() is not None
+    replaced = {file_id for _, file_id in table.context.view().replaced}
+    on_disk = os.listdir(os.path.join(table.path, "p=a"))
+    assert not {n for n in on_disk if any(n.lstrip(".").startswith(file_id) for file_id in replaced)}
+    check_all(table, model)
 
 
 def skewed_keys(n: int, below: int = 1 << 24) -> list[int]:
@@ -231,12 +248,6 @@ def pending_resize(root: str, table_type: str = "merge_on_read") -> tuple[mt.Tab
     instant = with_options(table, GROW).schedule_clustering()
     assert instant is not None
     return table, model, instant
-
-
-def check_all(table: mt.Table, model: TableModel) -> None:
-    assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
-    check_placement(table, True)
-    check_metadata(table)
 
 
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])

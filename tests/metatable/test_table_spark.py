@@ -123,3 +123,23 @@ def test_clustering_on_spark_equals_in_process(spark, tmp_path, index):
                        for fs in t.file_slices().values())
         results.append(stats)
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+def test_consistent_hashing_on_spark(spark, tmp_path, table_type):
+    """Spark tags through the ring on executors, dual-writes during a pending resize, and runs the resize as
+    one task per split; the table equals the model, every key where its ring puts it."""
+    from .test_consistent_hashing import GROW, check_all, create, with_options
+
+    table = create(str(tmp_path / "t"), table_type)
+    model = TableModel(True)
+    first = [{"id": i, "p": "ab"[i % 2], "v": f"v{i}", "ts": 1} for i in range(800)]
+    table.upsert(spark.createDataFrame(first, schema=DDL))
+    model.apply("upsert", first)
+    instant = with_options(table, GROW).schedule_clustering()
+    during = [{"id": i, "p": "ab"[i % 2], "v": "during", "ts": 2} for i in range(0, 900, 3)]
+    table.upsert(spark.createDataFrame(during, schema=DDL))
+    model.apply("upsert", during)
+    assert table.run_clustering(spark=spark) == [instant]
+    assert all(ring.seq_no == 1 and ring.num_buckets > 2 for ring in table.context.view().rings.values())
+    check_all(table, model)
