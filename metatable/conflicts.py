@@ -86,7 +86,8 @@ def outcome(this: Committer, other: Action, shared: bool, pending: bool = False,
     shared = shared or (rehash and this.action in WRITE_ACTIONS) or (this.rehash and other in WRITE_ACTIONS)
     if not shared or other is Action.CLEAN:
         return Outcome.NONE
-    if this.dual_writes and {this.action, other} in ({Action.REPLACECOMMIT, a} for a in WRITE_ACTIONS):
+    pair = {this.action, other}
+    if this.dual_writes and Action.REPLACECOMMIT in pair and pair & set(WRITE_ACTIONS):  # a write meets a resize
         return Outcome.NONE
     if this.action is Action.REPLACECOMMIT:
         if other not in WRITE_ACTIONS:

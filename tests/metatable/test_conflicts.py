@@ -65,6 +65,20 @@ def test_a_rehash_shares_every_file_group_with_writes():
     assert outcome(rehash, X, False, pending=True) is NONE
 
 
+@pytest.mark.parametrize("merge_on_read", [True, False])
+def test_consistent_hashing_writes_and_resizes_never_conflict(merge_on_read):
+    """They meet through dual writes; writes keep every other rule (copy-on-write writers still conflict)."""
+    for writer in (C, D):
+        this = Committer(writer, merge_on_read, dual_writes=True)
+        for pending in (True, False):
+            assert outcome(this, R, True, pending) is NONE
+        assert outcome(this, C, True) is (REHOME if merge_on_read else CONFLICT)
+    resize = Committer(R, merge_on_read, dual_writes=True, updates="abort_clustering")
+    for writer in (C, D):
+        assert outcome(resize, writer, True) is NONE
+        assert outcome(resize, writer, True, pending=True) is NONE
+
+
 def concurrent(time, action, groups, files=(), completed=True):
     return Concurrent(Instant(time, action, State.COMPLETED if completed else State.REQUESTED), frozenset(groups),
                       tuple(files))

@@ -2,6 +2,7 @@
 compactions and cleans; RFC-42's test plan; SIGKILLed resizes; writers and readers in other processes."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -10,6 +11,7 @@ import signal
 import tempfile
 import time
 
+import fastavro
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -19,8 +21,9 @@ import metatable as mt
 from indexes.arrow_keys import hash32_array
 from indexes.consistent_hashing import initial_ring
 from indexes.keys import hashing_meta_key
-from metatable.errors import InvalidInputError
+from metatable.errors import ConflictError, InvalidInputError
 from metatable.instant import Action
+from metatable.schemas import schema
 
 from .table_model import SCHEMA, TableModel, check_metadata, rows_strategy, sort_rows
 from .test_write_concurrency import act, child, finished, rows
@@ -301,6 +304,26 @@ def test_two_resizes_racing_for_one_partition(tmp_path):
     assert rings(table)["p=a"].seq_no == 1
     assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
     check_metadata(table)
+
+
+def test_a_resize_whose_ring_changed_since_planning_fails_cleanly_and_is_planned_again(tmp_path):
+    """The plan records the seq_no it was planned against; a resize finding another ring is rolled back."""
+    table, model, instant = pending_resize(str(tmp_path / "t"))
+    requested = table.context.timeline.get(instant, Action.REPLACECOMMIT)
+    record = table.context.timeline.plan(requested)
+    record["rings"] = [{**ring, "seq_no": ring["seq_no"] + 7} for ring in record["rings"]]
+    out = io.BytesIO()
+    fastavro.writer(out, schema("clustering_plan"), [record])  # the plan of a ring that is no longer current
+    path = os.path.join(table.context.timeline.dir, requested.file_name)
+    table.context.storage.write_atomic(path, out.getvalue())
+    with pytest.raises(ConflictError, match="changed since it was planned"):
+        table.run_clustering(instant)
+    assert table.context.timeline.get(instant) is None, "rolled back"
+    assert rings(table)["p=a"].seq_no == 0
+    check_all(table, model)
+    assert with_options(table, GROW).cluster() is not None, "planned again, it succeeds"
+    assert rings(table)["p=a"].seq_no == 1
+    check_all(table, model)
 
 
 @pytest.mark.slow
