@@ -349,19 +349,28 @@ def partitions_arg(args: argparse.Namespace) -> list[str] | int | None:
     return split_list(args.partitions)
 
 
-def cmd_lookup(args: argparse.Namespace) -> None:
-    table = Table.open(args.path)
+def key_values(table: Table, texts: Sequence[str]) -> pa.Table:
+    """Record key columns from the command line: one value per key, or `v1,v2` (or `f1:v1,f2:v2`) in key order."""
     fields = list(table.config.record_key)
     columns: dict[str, list[Any]] = {f: [] for f in fields}
-    for key in args.keys:
+    for key in texts:
         parts = key.split(",") if len(fields) > 1 else [key]
         if len(parts) != len(fields):
             raise InvalidInputError(f"key {key!r} needs {len(fields)} comma-separated values ({', '.join(fields)})")
         for name, value in zip(fields, parts):
             columns[name].append(value.split(":", 1)[1] if value.startswith(name + ":") else value)
     schema = table.config.schema
-    data = pa.table({f: pa.array(v).cast(schema.field(f).type) for f, v in columns.items()})
-    result, report = table.lookup(data, explain=True, using=args.using)
+    return pa.table({f: pa.array(v).cast(schema.field(f).type) for f, v in columns.items()})
+
+
+def cmd_get(args: argparse.Namespace) -> None:
+    table = Table.open(args.path)
+    print_rows(table.get(key_values(table, args.keys)), args.output)
+
+
+def cmd_lookup(args: argparse.Namespace) -> None:
+    table = Table.open(args.path)
+    result, report = table.lookup(key_values(table, args.keys), explain=True, using=args.using)
     print_rows(result, "table")
     if args.explain:
         print(f"\nindex: {report['index']}")
@@ -457,6 +466,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--using", default="index", choices=["index", "metadata"],
                    help="the table's write index, or the three-level metadata lookup")
     p.set_defaults(func=cmd_lookup)
+
+    p = sub.add_parser("get", help="the rows of keys, read through the index (record key values as for lookup)")
+    p.add_argument("path")
+    p.add_argument("keys", nargs="+")
+    p.add_argument("--output", default="table", choices=["table", "json", "csv"])
+    p.set_defaults(func=cmd_get)
 
     p = sub.add_parser("demo", help="the main job: a metatable session on local files")
     p.add_argument("--workdir", default="demo-data")

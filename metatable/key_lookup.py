@@ -1,4 +1,5 @@
-"""Where keys live (`Table.lookup`): through the table's own index, or the three-level metadata lookup.
+"""Where keys live (`Table.lookup`): through the table's own index, or the three-level metadata lookup; and
+their rows (`Table.get`), read from only the file slices that hold them.
 
 The bucket index computes each key's file group (level 1), then the bloom filters (when the table has
 them) and the files confirm; the metadata path prunes by column-stats key ranges, then bloom filters,
@@ -9,12 +10,15 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from indexes.arrow_keys import partition_paths, record_keys
 
 from .context import TableContext
 from .errors import InvalidInputError
 from .locator import Explain, FileIdsOf, MetadataIndex, SliceLocator
+from .slice_reader import members, read_slice
+from .table_config import KEY_COLUMN
 from .timeline_view import TimelineView
 
 
@@ -38,13 +42,13 @@ def computed_file_ids(context: TableContext, view: TimelineView) -> FileIdsOf | 
     return file_ids_of
 
 
-def locate(context: TableContext, index: MetadataIndex, data: pa.Table,
-           by_metadata: bool = False) -> tuple[pa.Table, Explain]:
+def locate(context: TableContext, index: MetadataIndex, data: pa.Table, by_metadata: bool = False,
+           view: TimelineView | None = None) -> tuple[pa.Table, Explain]:
     config = context.config
     keys = record_keys(data, config.record_key).to_pylist()
     scoped = all(c in data.column_names for c in config.partition_by)
     partitions = partition_paths(data, config.partition_by).to_pylist() if scoped else None
-    view = context.view()
+    view = view or context.view()
     file_ids_of = None if by_metadata else computed_file_ids(context, view)
     explain = Explain("bucket" if file_ids_of else "metadata (column_stats ranges, bloom filters)")
     locator = SliceLocator(context.storage, context.paths, config, view.file_slices, index.ranges, index.filters)
@@ -52,3 +56,19 @@ def locate(context: TableContext, index: MetadataIndex, data: pa.Table,
     result = pa.table({"key": pa.array(keys, pa.string()), "partition": pa.array(out_partition, pa.string()),
                        "file_id": pa.array(out_file, pa.string())})
     return result, explain
+
+
+def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table) -> pa.Table:
+    """The rows of the keys that exist (in the table's columns): located through the table's index, then read
+    from the file slices that hold them, each once; nothing else is read."""
+    view = context.view()
+    located, _ = locate(context, index, data, view=view)
+    found = located.filter(pc.is_valid(located["file_id"]))
+    config = context.config
+    parts = []
+    for group in found.group_by(["partition", "file_id"]).aggregate([("key", "list")]).to_pylist():
+        fs = view.file_slices[(group["partition"], group["file_id"])]
+        rows = read_slice(context.storage, context.paths, config, fs)
+        held = rows.filter(pa.array(members(rows[KEY_COLUMN], pa.array(group["key_list"], pa.string()))))
+        parts.append(held.select(config.schema.names).cast(config.schema))
+    return pa.concat_tables(parts) if parts else config.schema.empty_table()

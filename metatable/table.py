@@ -16,7 +16,7 @@ from .context import TableContext
 from .errors import InvalidInputError, MetatableError, RollbackError
 from .file_slice import FileSlice
 from .instant import Action, Instant
-from .key_lookup import keys_table, locate
+from .key_lookup import get_rows, keys_table, locate
 from .locator import MetadataIndex
 from .scan_filter import Conjunct
 from .storage import Storage
@@ -139,6 +139,11 @@ class Table:
             raise InvalidInputError(f"lookup using must be 'index' or 'metadata', got {using!r}")
         result, report = locate(self.context, self.metadata_index, keys_table(keys), by_metadata=using == "metadata")
         return (result, report.as_dict()) if explain else result
+
+    def get(self, keys: Any) -> pa.Table:
+        """The full rows of the keys that exist, found through the table's index: only the file slices that
+        hold them are read. `keys` as for `lookup`."""
+        return get_rows(self.context, self.metadata_index, keys_table(keys))
 
     # -- table services -----------------------------------------------------------------------------
     def compact(self) -> str | None:

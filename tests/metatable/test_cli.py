@@ -38,6 +38,8 @@ def test_table_session(capsys, files):
     code, out, err = run(capsys, "read", t, "--output", "json", "--limit", "0")
     rows = sorted((json.loads(line) for line in out.splitlines()), key=lambda r: r["id"])
     assert [(r["id"], r["v"]) for r in rows] == [(1, "X"), (3, "z"), (4, "new")]
+    code, out, _ = run(capsys, "get", t, "1", "2", "4", "--output", "json")
+    assert sorted((json.loads(line)["id"], json.loads(line)["v"]) for line in out.splitlines()) == [(1, "X"), (4, "new")]
     assert "(3 rows)" in err
     code, out, _ = run(capsys, "read", t, "--output", "csv")
     assert out.splitlines()[0] == '"id","p","v","ts"'

@@ -54,7 +54,7 @@ def rings(table: mt.Table) -> dict:
 
 def check_placement(table: mt.Table, partitioned: bool) -> None:
     """Every live key sits in the file group that the ring in hashing_meta maps it to (found by reading the
-    files, not through the ring)."""
+    files, not through the ring), and `get` through the ring returns every row."""
     data = table.to_arrow()
     if data.num_rows == 0:
         return
@@ -64,6 +64,7 @@ def check_placement(table: mt.Table, partitioned: bool) -> None:
     partitions = found["partition"].combine_chunks()
     expected = view.bucket_assigner(table.config.index).file_ids(found["key"].combine_chunks(), partitions)
     assert found["file_id"].to_pylist() == expected.to_pylist()
+    assert sort_rows(table.get(keys).to_pylist()) == sort_rows(data.to_pylist()), "get goes through the ring"
 
 
 def check_seq_nos(table: mt.Table) -> None:

@@ -13,7 +13,7 @@ from metatable.instant import Action
 from metatable.slice_reader import read_slice
 from metatable.key_pages import key_pages
 
-from .table_model import SCHEMA, operation_strategy
+from .table_model import SCHEMA, TableModel, operation_strategy, sort_rows
 
 ALL_KEYS = pa.table({"id": [i for i in range(18) for _ in "abc"], "p": [p for _ in range(18) for p in "abc"]})
 
@@ -120,3 +120,33 @@ def test_page_lookups_equal_ground_truth(paged_table, table_type, using, ids, wi
                        for fs in table.file_slices().values())
     checked = {lvl["level"]: lvl for lvl in report["levels"]}["3 file check"]["pairs_in"] + report["log_candidates"]
     assert report["base_bytes_read"] <= checked * largest_page  # a page per key checked, not whole key columns
+
+
+INDEXES = {"bucket": mt.IndexConfig(num_buckets=2), "bloom": mt.IndexConfig(type="bloom"),
+           "consistent_hashing": mt.IndexConfig(engine="consistent_hashing", num_buckets=2)}
+
+
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+@pytest.mark.parametrize("index", sorted(INDEXES))
+@settings(max_examples=10, deadline=None)
+@given(ops=st.lists(operation_strategy, min_size=1, max_size=5), compact_at=st.integers(0, 5))
+def test_get_equals_the_model(table_type, index, ops, compact_at):
+    """Table.get returns exactly the rows of the keys that exist, through each index."""
+    root = tempfile.mkdtemp(prefix="mt-get-")
+    try:
+        table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p", "ts", table_type=table_type, index=INDEXES[index],
+                                metadata_indexes=["column_stats", "bloom_filter"])
+        model = TableModel(partitioned=True)
+        for step, (operation, rows) in enumerate(ops):
+            data = pa.Table.from_pylist(rows, schema=SCHEMA)
+            getattr(table, operation)(data.select(["id", "p"]) if operation == "delete" else data)
+            model.apply(operation, rows)
+            if step == compact_at:
+                table.compact()
+            assert sort_rows(table.get(ALL_KEYS).to_pylist()) == model.expected()
+            some = ALL_KEYS.slice(0, 7)
+            wanted = {(r["p"], r["id"]) for r in some.to_pylist()}
+            assert sort_rows(table.get(some).to_pylist()) == [r for r in model.expected()
+                                                              if (r["p"], r["id"]) in wanted]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
