@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from importlib.metadata import version
 from typing import Any, Sequence
 
 import pyarrow as pa
@@ -130,8 +131,10 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 # -- data tables ---------------------------------------------------------------------------------
-def read_input(path: str, fmt: str | None = None) -> pa.Table:
-    """A Parquet, CSV or JSON (lines) file as an Arrow table; the format comes from the extension."""
+def read_input(path: str, fmt: str | None = None, schema: pa.Schema | None = None) -> pa.Table:
+    """A Parquet, CSV or JSON (lines) file as an Arrow table; the format comes from the extension. CSV
+    columns that the table has are read as the table types them (a string column keeps `00123`), not as
+    inferred; a value that does not parse is named with its column and row."""
     fmt = fmt or os.path.splitext(path)[1].lstrip(".").lower()
     if not os.path.exists(path):
         raise InvalidInputError(f"input file {path} does not exist")
@@ -139,7 +142,8 @@ def read_input(path: str, fmt: str | None = None) -> pa.Table:
         if fmt in ("parquet", "pq"):
             return pq.read_table(path)
         if fmt == "csv":
-            return pacsv.read_csv(path)
+            types = {f.name: f.type for f in schema} if schema is not None else None
+            return pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(column_types=types))
         if fmt in ("json", "jsonl", "ndjson"):
             return pajson.read_json(path)
     except pa.ArrowException as e:
@@ -184,7 +188,7 @@ def cmd_create(args: argparse.Namespace) -> None:
 
 def _write(args: argparse.Namespace, operation: str) -> None:
     table = Table.open(args.path)
-    data: Any = read_input(args.file, args.format)
+    data: Any = read_input(args.file, args.format, table.config.schema)
     if args.spark:
         from .spark_engine import spark_session
         data = spark_session().createDataFrame(data)
@@ -383,14 +387,18 @@ def cmd_lookup(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="metatable", description="Keyed tables indexed by a metadata table.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and details")
+    verbose = argparse.ArgumentParser(add_help=False)  # -v after the subcommand too
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="log progress and details")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('metatable')}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("timeline", help="list a table's instants")
-    p.add_argument("path")
+    p = sub.add_parser("timeline", parents=[verbose], help="list a table's instants")
+    p.add_argument("path", help="the table's directory")
     p.set_defaults(func=cmd_timeline)
 
-    p = sub.add_parser("create", help="create a keyed table")
-    p.add_argument("path")
+    p = sub.add_parser("create", parents=[verbose], help="create a keyed table")
+    p.add_argument("path", help="the table's directory")
     p.add_argument("--schema", help="name:type,... (e.g. id:int64,p:string,ts:int64)")
     p.add_argument("--schema-from", help="take the schema of this data file")
     p.add_argument("--format", help="format of --schema-from (default: from its extension)")
@@ -398,43 +406,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition-by", help="partition column(s), comma separated")
     p.add_argument("--ordering", help="ordering field: among versions of a key, the greatest wins")
     defaults = IndexConfig()
-    p.add_argument("--type", default=TABLE_TYPES[0], choices=TABLE_TYPES)
-    p.add_argument("--index", default=defaults.type, choices=INDEX_TYPES)
-    p.add_argument("--engine", default=defaults.engine, choices=BUCKET_ENGINES)
-    p.add_argument("--buckets", type=int, default=defaults.num_buckets)
+    p.add_argument("--type", default=TABLE_TYPES[0], choices=TABLE_TYPES,
+                   help="merge_on_read: updates append logs, merged on read; copy_on_write: updates rewrite files")
+    p.add_argument("--index", default=defaults.type, choices=INDEX_TYPES,
+                   help="how a write finds a key's file group: hashed buckets, or the metadata-backed bloom index")
+    p.add_argument("--engine", default=defaults.engine, choices=BUCKET_ENGINES,
+                   help="bucket index: fixed buckets (simple), or a ring whose buckets split and merge")
+    p.add_argument("--buckets", type=int, default=defaults.num_buckets,
+                   help="buckets per partition (consistent hashing: to start with)")
     p.add_argument("--scope", default=defaults.scope, choices=INDEX_SCOPES,
                    help="bloom index: keys unique per partition, or across the table")
-    p.add_argument("--metadata-index", action="append", choices=METADATA_INDEXES)
+    p.add_argument("--metadata-index", action="append", choices=METADATA_INDEXES,
+                   help="an index the metadata table keeps (repeatable; default column_stats, plus bloom_filter "
+                        "for the bloom index)")
     p.add_argument("--option", action="append", help="key=value table option (repeatable)")
     p.set_defaults(func=cmd_create)
     for operation in ("upsert", "insert", "delete"):
-        p = sub.add_parser(operation, help=f"{operation} the rows of a Parquet, CSV or JSON file")
-        p.add_argument("path")
-        p.add_argument("file")
-        p.add_argument("--format", choices=["parquet", "csv", "json"])
+        p = sub.add_parser(operation, parents=[verbose], help=f"{operation} the rows of a Parquet, CSV or JSON file")
+        p.add_argument("path", help="the table's directory")
+        p.add_argument("file", help="a Parquet, CSV or JSON-lines file" + (" with the key columns" if operation == "delete" else ""))
+        p.add_argument("--format", choices=["parquet", "csv", "json"], help="input format (default: from the extension)")
         p.add_argument("--spark", action="store_true", help="write through Spark (local) instead of in-process")
         p.set_defaults(func=lambda a, op=operation: _write(a, op))
-    p = sub.add_parser("read", help="print the table's snapshot")
-    p.add_argument("path")
+    p = sub.add_parser("read", parents=[verbose], help="print the table's snapshot")
+    p.add_argument("path", help="the table's directory")
     p.add_argument("--limit", type=int, default=20, help="rows to print (0: all)")
-    p.add_argument("--output", default="table", choices=["table", "json", "csv"])
+    p.add_argument("--output", default="table", choices=["table", "json", "csv"], help="how to print rows")
     p.add_argument("--as-of", help="read as of this completed instant")
     p.add_argument("--read-optimized", action="store_true", help="base files only (skip unmerged logs)")
     p.set_defaults(func=cmd_read)
     for name, func, text in (("compact", cmd_compact, "compact merge-on-read file groups that have logs"),
                              ("clean", cmd_clean, "delete file slices no retained commit can read")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("path")
+        p = sub.add_parser(name, parents=[verbose], help=text)
+        p.add_argument("path", help="the table's directory")
         p.set_defaults(func=func)
-    p = sub.add_parser("rollback", help="roll back failed writes (all whose writer is gone, or one instant)")
-    p.add_argument("path")
-    p.add_argument("--instant")
+    p = sub.add_parser("rollback", parents=[verbose], help="roll back failed writes (all whose writer is gone, or one instant)")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("--instant", help="this instant only (default: every failed write whose writer is gone)")
     p.add_argument("--force", action="store_true", help="even if its writer still beats")
     p.set_defaults(func=cmd_rollback)
-    cl = sub.add_parser("cluster", help="clustering: rewrite small file groups into fewer, larger, sorted ones") \
+    cl = sub.add_parser("cluster", parents=[verbose], help="clustering: rewrite small file groups into fewer, larger, sorted ones") \
         .add_subparsers(dest="clcommand", required=True)
-    p = cl.add_parser("schedule", help="plan a clustering (a requested replacecommit); writers keep writing")
-    p.add_argument("path")
+    p = cl.add_parser("schedule", parents=[verbose], help="plan a clustering (a requested replacecommit); writers keep writing")
+    p.add_argument("path", help="the table's directory")
     p.add_argument("--sort-columns", help="comma-separated columns to sort rows by (default: option "
                                           "clustering.sort_columns)")
     p.add_argument("--partitions", help="comma-separated partition paths (default: all)")
@@ -442,74 +456,74 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-buckets", type=int, help="simple-bucket table: change the bucket count")
     p.add_argument("--option", action="append", help="key=value option for this run (repeatable)")
     p.set_defaults(func=cmd_cluster_schedule)
-    p = cl.add_parser("run", help="execute pending clusterings (all, or --instant)")
-    p.add_argument("path")
-    p.add_argument("--instant")
+    p = cl.add_parser("run", parents=[verbose], help="execute pending clusterings (all, or --instant)")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("--instant", help="this pending clustering only (default: every pending one)")
     p.add_argument("--spark", action="store_true", help="one Spark task per group on a local session")
     p.add_argument("--option", action="append", help="key=value option for this run (repeatable)")
     p.set_defaults(func=cmd_cluster_run)
-    p = cl.add_parser("show", help="pending and completed clusterings with their groups and bytes")
-    p.add_argument("path")
+    p = cl.add_parser("show", parents=[verbose], help="pending and completed clusterings with their groups and bytes")
+    p.add_argument("path", help="the table's directory")
     p.set_defaults(func=cmd_cluster_show)
 
-    p = sub.add_parser("stats", help="per partition and bucket: file groups, rows, bytes, pending logs; file sizes; "
+    p = sub.add_parser("stats", parents=[verbose], help="per partition and bucket: file groups, rows, bytes, pending logs; file sizes; "
                                      "consistent hashing: the rings")
-    p.add_argument("path")
+    p.add_argument("path", help="the table's directory")
     p.add_argument("--plot", metavar="PNG", help="draw file group sizes now and before the latest clustering "
                                                  "(needs the 'plot' extra: matplotlib)")
     p.set_defaults(func=cmd_stats)
 
-    p = sub.add_parser("lookup", help="where keys live (record key values; several fields: v1,v2 in key order)")
-    p.add_argument("path")
-    p.add_argument("keys", nargs="+")
+    p = sub.add_parser("lookup", parents=[verbose], help="where keys live (record key values; several fields: v1,v2 in key order)")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("keys", nargs="+", help="record key values")
     p.add_argument("--explain", action="store_true", help="per-level candidate counts")
     p.add_argument("--using", default="index", choices=["index", "metadata"],
                    help="the table's write index, or the three-level metadata lookup")
     p.set_defaults(func=cmd_lookup)
 
-    p = sub.add_parser("get", help="the rows of keys, read through the index (record key values as for lookup)")
-    p.add_argument("path")
-    p.add_argument("keys", nargs="+")
-    p.add_argument("--output", default="table", choices=["table", "json", "csv"])
+    p = sub.add_parser("get", parents=[verbose], help="the rows of keys, read through the index (record key values as for lookup)")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("keys", nargs="+", help="record key values")
+    p.add_argument("--output", default="table", choices=["table", "json", "csv"], help="how to print rows")
     p.set_defaults(func=cmd_get)
 
-    p = sub.add_parser("demo", help="the main job: a metatable session on local files")
-    p.add_argument("--workdir", default="demo-data")
+    p = sub.add_parser("demo", parents=[verbose], help="the main job: a metatable session on local files")
+    p.add_argument("--workdir", default="demo-data", help="where the TPC-H data and the demo tables go")
     p.add_argument("--scale-factor", type=float, default=float(os.environ.get("SF", "0.1")),
                    help="TPC-H scale factor (default 0.1, or $SF)")
     p.add_argument("--buckets", type=int, default=4, help="buckets per partition")
     p.set_defaults(func=cmd_demo)
 
-    md = sub.add_parser("metadata", help="inspect or use a metadata table").add_subparsers(dest="mdcommand",
+    md = sub.add_parser("metadata", parents=[verbose], help="inspect or use a metadata table").add_subparsers(dest="mdcommand",
                                                                                             required=True)
-    p = md.add_parser("create", help="create a standalone metadata table")
-    p.add_argument("path")
+    p = md.add_parser("create", parents=[verbose], help="create a standalone metadata table")
+    p.add_argument("path", help="the metadata table's directory")
     p.add_argument("--partitions", help="name[=file_groups],... (default: all four kinds)")
     p.set_defaults(func=cmd_metadata_create)
-    p = md.add_parser("put", help="commit one record (JSON) under a key")
-    p.add_argument("path")
-    p.add_argument("partition")
-    p.add_argument("key")
-    p.add_argument("record")
+    p = md.add_parser("put", parents=[verbose], help="commit one record (JSON) under a key")
+    p.add_argument("path", help="the metadata table's directory")
+    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta)")
+    p.add_argument("key", help="record key")
+    p.add_argument("record", help="the record as JSON")
     p.set_defaults(func=cmd_metadata_put)
-    p = md.add_parser("delete", help="commit a tombstone for a key")
-    p.add_argument("path")
-    p.add_argument("partition")
-    p.add_argument("key")
+    p = md.add_parser("delete", parents=[verbose], help="commit a tombstone for a key")
+    p.add_argument("path", help="the metadata table's directory")
+    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta)")
+    p.add_argument("key", help="record key")
     p.set_defaults(func=cmd_metadata_delete)
-    p = md.add_parser("get", help="one merged record")
-    p.add_argument("path")
-    p.add_argument("partition")
-    p.add_argument("key")
+    p = md.add_parser("get", parents=[verbose], help="one merged record")
+    p.add_argument("path", help="the metadata table's directory")
+    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta)")
+    p.add_argument("key", help="record key")
     p.set_defaults(func=cmd_metadata_get)
-    p = md.add_parser("scan", help="merged records by key prefix, in key order")
-    p.add_argument("path")
-    p.add_argument("partition")
-    p.add_argument("--prefix", default="")
-    p.add_argument("--limit", type=int, default=0)
+    p = md.add_parser("scan", parents=[verbose], help="merged records by key prefix, in key order")
+    p.add_argument("path", help="the metadata table's directory")
+    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta)")
+    p.add_argument("--prefix", default="", help="only keys starting with this")
+    p.add_argument("--limit", type=int, default=0, help="records to print (0: all)")
     p.set_defaults(func=cmd_metadata_scan)
-    p = md.add_parser("compact", help="compact due file groups, then clean")
-    p.add_argument("path")
+    p = md.add_parser("compact", parents=[verbose], help="compact due file groups, then clean")
+    p.add_argument("path", help="the metadata table's directory")
     p.add_argument("--force", action="store_true", help="compact every file group with logs")
     p.set_defaults(func=cmd_metadata_compact)
     return parser
@@ -524,6 +538,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MetatableError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `metatable read ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush stays quiet too
     return 0
 
 

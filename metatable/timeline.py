@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import datetime as dt
 import logging
 import os
 from typing import Any, Iterable, Sequence
@@ -15,7 +16,7 @@ import fastavro
 
 from .errors import InvalidInputError, TimelineError
 from .heartbeat import Heartbeat, is_expired
-from .instant import Action, Instant, State, next_time, validate_time
+from .instant import Action, Instant, State, next_time, time_from_datetime, validate_time
 from .lock import TableLock
 from .paths import TablePaths
 from .schemas import schema
@@ -25,6 +26,9 @@ log = logging.getLogger(__name__)
 
 _STATE_RANK = {State.REQUESTED: 0, State.INFLIGHT: 1, State.COMPLETED: 2}
 AVRO_PLANS = {Action.REPLACECOMMIT: "clustering_plan"}  # requested plans kept as Avro (avro_schemas/); others JSON
+
+
+FUTURE_ALLOWANCE = dt.timedelta(hours=1)  # how far ahead of this clock another writer's may be
 
 
 class Timeline:
@@ -41,8 +45,10 @@ class Timeline:
 
     # -- reading -------------------------------------------------------------------------------
     def instants(self) -> list[Instant]:
-        """Each instant in its latest state, oldest first."""
+        """Each instant in its latest state, oldest first. A file dated in the future (beyond
+        FUTURE_ALLOWANCE of clock skew) is refused: taken as real, it would date every later instant after it."""
         latest: dict[tuple[str, Action], Instant] = {}
+        horizon = time_from_datetime(dt.datetime.now(dt.timezone.utc) + FUTURE_ALLOWANCE)
         for name in self.storage.list(self.dir):
             if is_temporary(name) or name.startswith("."):
                 continue
@@ -50,6 +56,10 @@ class Timeline:
                 instant = Instant.parse(name)
             except InvalidInputError as e:
                 raise TimelineError(f"{e} in {self.dir}; move the stray file out of the timeline") from None
+            if instant.time > horizon:
+                raise TimelineError(f"timeline file {os.path.join(self.dir, name)} is dated {instant.time}, later than "
+                                    f"now plus {FUTURE_ALLOWANCE} of clock skew: a forged or misplaced file (or a "
+                                    "clock far behind). Move it out of the timeline; nothing of it was read")
             key = (instant.time, instant.action)
             if key not in latest or _STATE_RANK[instant.state] > _STATE_RANK[latest[key].state]:
                 latest[key] = instant

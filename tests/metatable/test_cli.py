@@ -125,3 +125,47 @@ def test_console_script(files):
     result = subprocess.run([exe, "metadata", "create", str(files / "m"), "--partitions", "files"],
                             capture_output=True, text=True)
     assert result.returncode == 0 and "created metadata table" in result.stdout
+    result = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("metatable 0.")
+
+
+def test_csv_columns_take_the_table_types_and_broken_pipes_end_quietly(capsys, files):
+    t = str(files / "t")
+    (files / "codes.csv").write_text("id,p,v,ts\n1,a,00123,1\n")
+    run(capsys, "create", t, "--schema", "id:int64,p:string,v:string,ts:int64", "--key", "id", "--partition-by", "p")
+    code, out, err = run(capsys, "upsert", t, str(files / "codes.csv"))
+    assert code == 0, err
+    code, out, _ = run(capsys, "read", t, "--output", "json")
+    assert json.loads(out.splitlines()[0])["v"] == "00123"
+    (files / "bad.csv").write_text("id,p,v,ts\n1,a,x,notanumber\n")
+    code, _, err = run(capsys, "upsert", t, str(files / "bad.csv"))
+    assert code == 2 and "bad.csv" in err and "notanumber" in err
+    (files / "many.csv").write_text("id,p,v,ts\n" + "".join(f"{i},a,v{i},1\n" for i in range(5000)))
+    run(capsys, "upsert", t, str(files / "many.csv"))
+    exe = os.path.join(os.path.dirname(sys.executable), "metatable")
+    for fmt in ("table", "json"):
+        result = subprocess.run(["bash", "-o", "pipefail", "-c", f"{exe} read {t} --output {fmt} --limit 0 | head -1"],
+                                capture_output=True, text=True)
+        assert result.returncode == 0 and result.stdout and "Traceback" not in result.stderr, result.stderr
+
+
+def test_every_flag_has_help_and_verbose_goes_anywhere():
+    import argparse
+
+    from metatable.cli import build_parser
+
+    parser = build_parser()
+    missing = []
+
+    def walk(p, path):
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*path, name])
+            elif not action.help:
+                missing.append((path, action.dest))
+
+    walk(parser, [])
+    assert not missing
+    assert parser.parse_args(["read", "/t", "-v"]).verbose and parser.parse_args(["-v", "read", "/t"]).verbose
+    assert not parser.parse_args(["read", "/t"]).verbose

@@ -37,6 +37,21 @@ def test_stray_file_is_named(tmp_path):
         tl.instants()
 
 
+def test_a_future_dated_instant_is_refused(tmp_path):
+    """A forged file would date every later instant after it: it is named and nothing of it is read."""
+    tl = make(tmp_path)
+    tl.complete(tl.start(tl.request(Action.COMMIT)))
+    forged = tmp_path / ".metatable" / "timeline" / "20991231235959999.commit"
+    forged.write_text("{}")
+    with pytest.raises(TimelineError, match="20991231235959999.commit.*dated 20991231235959999"):
+        tl.instants()
+    with pytest.raises(TimelineError, match="forged"):
+        tl.request(Action.COMMIT)
+    forged.unlink()
+    later = tl.request(Action.COMMIT)
+    assert later.time < "2099" and len(tl.instants()) == 2
+
+
 def _make_instants(path, n, out):
     tl = make(path)
     out.put([tl.request(Action.DELTACOMMIT).time for _ in range(n)])
