@@ -60,7 +60,7 @@ def resize_plan(context: TableContext, view: TimelineView, partitions: Sequence[
         refs = {file_id: slice_ref(view, fs) for file_id, fs in slices.items()}
         sizes = [refs[fid].bytes if fid in refs else 0 for fid in ring.file_ids]
 
-        def key_hashes(i: int, ring: Ring = ring) -> np.ndarray:
+        def key_hashes(i: int, ring: Ring = ring, slices: dict[str, FileSlice] = slices) -> np.ndarray:
             fs = slices.get(ring.file_ids[i])
             return hash32_array(slice_keys(context, fs)) if fs else np.zeros(0, np.int64)
 
