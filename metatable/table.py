@@ -206,5 +206,6 @@ class Table:
 
     def __repr__(self) -> str:
         c = self.config
+        index = f"bucket/{c.index.engine}" if c.index.type == "bucket" else f"{c.index.type}/{c.index.scope}"
         return (f"Table({self.path!r}, {c.table_type}, key={list(c.record_key)}, "
-                f"partition_by={list(c.partition_by)}, index={c.index.type})")
+                f"partition_by={list(c.partition_by)}, index={index}, last instant {self.context.timeline.last_time()})")

@@ -106,7 +106,8 @@ class TimelineView:
         """partition -> (instant, pending ring) of every pending resize."""
         out = {}
         for instant in self.pending([Action.REPLACECOMMIT]):
-            for ring in ClusteringPlan.from_record(self.plan(instant)).rings:
+            plan = self.plan(instant)
+            for ring in ClusteringPlan.from_record(plan).rings if plan else ():
                 out[ring.partition] = (instant.time, ring)
         return out
 
@@ -145,7 +146,12 @@ class TimelineView:
 
     # -- pending services -------------------------------------------------------------------------------
     def plan(self, instant: Instant) -> dict[str, Any]:
-        return self.timeline.plan(instant)
+        """A pending instant's plan; {} when it was rolled back (its files removed) since this view listed it:
+        a write that wins over a clustering (`abort_clustering`) does that at any moment."""
+        try:
+            return self.timeline.plan(instant)
+        except FileNotFoundError:
+            return {}
 
     def busy(self) -> set[str]:
         """`partition/file_id` of the file groups that pending compactions and clusterings will rewrite."""

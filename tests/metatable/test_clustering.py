@@ -245,6 +245,17 @@ def test_reject_names_the_clustering_to_wait_for(tmp_path):
     assert snapshot(table) == model.expected()
 
 
+def test_a_view_outlives_a_clustering_rolled_back_after_it_listed_the_timeline(tmp_path):
+    """A write that wins over a clustering removes its plan at any moment; a view that listed the clustering
+    as pending reads no plan for it (found by the writers-and-clusterer process test)."""
+    table, _ = loaded(str(tmp_path / "t"))
+    instant = reopened(table).schedule_clustering()
+    view = table.context.view()  # lists the clustering as pending
+    assert view.busy()
+    table.context.transactions.rollback(table.context.timeline.get(instant))
+    assert view.busy() == set() and view.pending_rings() == {}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["table.clustering.files", "metadata.write.log", "table.commit.metadata",
                                    "metadata.complete", "table.commit", "random"])
