@@ -95,9 +95,20 @@ def run(context: TableContext, instant: str | None = None, spark: Any = None) ->
 
 def cluster(context: TableContext, sort_columns: Sequence[str] | None = None, partitions: Partitions = None,
             num_buckets: int | None = None, spark: Any = None) -> str | None:
-    """Schedule and run one clustering; returns its instant, None when nothing qualified."""
+    """Schedule and run one clustering; returns its instant, None when nothing qualified (or another process
+    runs it)."""
     instant = schedule(context, sort_columns, partitions, num_buckets)
-    return instant if instant is None or run(context, instant, spark) else None
+    if instant is None:
+        return None
+    crash_point("table.clustering.scheduled")
+    try:
+        done = run(context, instant, spark)
+    except InvalidInputError:
+        if context.timeline.get(instant, Action.REPLACECOMMIT) is not None:
+            raise
+        raise ConflictError(f"clustering {instant} was rolled back before it ran: a write won over it "
+                            "(clustering.updates = abort_clustering); schedule it again") from None
+    return instant if done else None
 
 
 def service(context: TableContext, spark: Any = None) -> Service[None]:

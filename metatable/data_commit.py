@@ -76,10 +76,7 @@ def publish(context: TableContext, c: Commit) -> Content:
     touched = sorted(c.file_groups if c.file_groups is not None else {f.group for f in files})
     marked = partial(marked_file_groups, context) if c.committer.action is Action.REPLACECOMMIT else None
     concurrent = concurrent_with(context.timeline, c.instant, c.seen, marked)
-    probe = None
-    if context.config.index.type == "bloom":
-        def probe(writes: Sequence[Concurrent]) -> list[str]:
-            return shared_keys(context, c.files, writes)
+    probe = partial(shared_keys, context, files) if context.config.index.type == "bloom" else None
     resolution = check(c.committer, c.instant, touched, concurrent, probe)
     for clustering in resolution.abort:
         log.warning("write %s wins over pending clustering %s (clustering.updates = abort_clustering): rolling "

@@ -220,6 +220,26 @@ def test_abort_clustering_rolls_back_a_running_clustering(tmp_path):
     assert table.cluster() is not None
 
 
+def test_a_clustering_rolled_back_between_its_schedule_and_its_run_is_a_conflict(tmp_path):
+    """cluster() = schedule + run: a write that wins in between rolls the plan back; the clusterer gets the
+    named conflict, not "no pending clustering" (found by the writers-and-clusterer process test)."""
+    table, model = loaded(str(tmp_path / "t"))
+    table = reopened(table)
+    clusterer = act(table.path, "cluster", [], SMALL, METATABLE_PAUSE_AT="table.clustering.scheduled:4")
+    deadline = time.time() + 30
+    while not table.context.timeline.pending([Action.REPLACECOMMIT]):
+        assert time.time() < deadline
+        time.sleep(0.05)
+    batch = rows(range(0, 20), "a", "wins", 9)
+    mt.Table.open(table.path, options={"clustering.updates": "abort_clustering"}).upsert(
+        pa.Table.from_pylist(batch, schema=SCHEMA))
+    model.apply("upsert", batch)
+    code, out, err = finished(clusterer)
+    assert code == 3 and "rolled back before it ran" in out, out + err
+    assert not table.context.timeline.pending()
+    assert snapshot(table) == model.expected()
+
+
 def test_an_inflight_clustering_without_a_heartbeat_is_recovered(tmp_path):
     table, model = loaded(str(tmp_path / "t"))
     table = reopened(table)
