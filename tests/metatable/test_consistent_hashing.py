@@ -32,6 +32,9 @@ BASE = {"heartbeat.interval_s": 0.05, "heartbeat.tolerable_misses": 2, "clean.re
         "clean.inline": False}
 GROW = {"write.target_file_size": 1200, "bucket.split_threshold": 1.0, "bucket.merge_threshold": 0.0}
 SHRINK = {"write.target_file_size": 1 << 20, "bucket.merge_threshold": 1.0}
+# for tests with live processes side by side: a beat every 0.5 s, dead after 3 s. Every process must judge
+# heartbeats as the beating one does (BASE's 0.1 s would have a loaded process roll back a live writer)
+LIVE = {"heartbeat.interval_s": 0.5, "heartbeat.tolerable_misses": 6}
 
 
 def ch_index(n: int = 2) -> mt.IndexConfig:
@@ -275,12 +278,11 @@ def test_a_write_that_began_while_the_resize_was_pending_commits_after_it(tmp_pa
     commits: it adopts its own dual logs and drops its files of the replaced buckets."""
     table, model, instant = pending_resize(str(tmp_path / "t"), table_type)
     late = rows(range(0, 700, 2), "a", "late", 5)
-    writer = act(table.path, "upsert", late, {**BASE, "heartbeat.interval_s": 0.5},
-                 METATABLE_PAUSE_AT="table.write.files:8")
+    writer = act(table.path, "upsert", late, {**BASE, **LIVE}, METATABLE_PAUSE_AT="table.write.files:8")
     deadline = time.time() + 30
     while not table.context.timeline.pending([Action.DELTACOMMIT, Action.COMMIT]) and time.time() < deadline:
         time.sleep(0.05)  # the writer has begun
-    assert table.run_clustering() == [instant]
+    assert with_options(table, LIVE).run_clustering() == [instant]
     code, out, err = finished(writer)
     assert code == 0, out + err
     model.apply("upsert", late)
@@ -297,7 +299,7 @@ def test_two_resizes_racing_for_one_partition(tmp_path):
     table.upsert(pa.Table.from_pylist(data, schema=SCHEMA))
     model.apply("upsert", data)
     start = time.time() + 4
-    racers = [act(table.path, "cluster", [], {**BASE, **GROW}, start_at=start) for _ in range(2)]
+    racers = [act(table.path, "cluster", [], {**BASE, **GROW, **LIVE}, start_at=start) for _ in range(2)]
     results = [finished(r) for r in racers]
     assert all(code in (0, 3) for code, _, _ in results), results
     completed = table.context.timeline.completed([Action.REPLACECOMMIT])
@@ -376,7 +378,7 @@ def test_writers_and_readers_in_other_processes_during_resizes(tmp_path, table_t
     root = str(tmp_path / "t")
     # clean keeps what the last 100 commits read: a snapshot read outlives a few commits (retention bounds the
     # longest read, as in Hudi and Delta)
-    options = {**BASE, "heartbeat.interval_s": 0.5, "clean.inline": True, "clean.retain_commits": 100}
+    options = {**BASE, **LIVE, "clean.inline": True, "clean.retain_commits": 100}
     create(root, table_type, options=options)
     deadline = time.time() + 25
     journals = [str(tmp_path / f"journal-{i}") for i in range(4)]
