@@ -292,19 +292,21 @@ class ConsistentHashingAssigner:
     plan: RingPlan
 
     def file_ids(self, keys: pa.Array, partitions: pa.Array) -> pa.Array:
-        """Each key's node in its partition's ring: one searchsorted per partition over the node values."""
+        """Each key's node in its partition's ring: one searchsorted over every partition's node values, each
+        partition's shifted into its own span of (partition code * 2^31 + value), wrapping within its ring."""
         hashes = hash32_array(keys)
         encoded = pc.dictionary_encode(pa.chunked_array([partitions]) if isinstance(partitions, pa.Array)
                                        else partitions).combine_chunks()
-        codes = encoded.indices.to_numpy(zero_copy_only=False)
-        ids: list[str] = []
-        slot = np.zeros(len(keys), dtype=np.int64)
-        for code, partition in enumerate(encoded.dictionary.to_pylist()):
-            ring = self.plan.ring(partition)
-            mine = codes == code
-            slot[mine] = ring.locate(hashes[mine]) + len(ids)
-            ids += ring.file_ids
-        return pa.array(ids, pa.string()).take(pa.array(slot))
+        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        rings = [self.plan.ring(p) for p in encoded.dictionary.to_pylist()]
+        values = np.concatenate([code * SPAN + ring.values for code, ring in enumerate(rings)])
+        ends = np.cumsum([ring.num_buckets for ring in rings])
+        starts = ends - [ring.num_buckets for ring in rings]
+        slot = np.searchsorted(values, codes * SPAN + hashes, side="left")
+        wrapped = slot >= ends[codes]  # past the partition's last node: its first
+        slot[wrapped] = starts[codes[wrapped]]
+        ids = pa.array([fid for ring in rings for fid in ring.file_ids], pa.string())
+        return ids.take(pa.array(slot))
 
     def assign(self, keys: pa.Array, partitions: pa.Array) -> Assignment:
         return Assignment(partitions, self.file_ids(keys, partitions))

@@ -19,7 +19,7 @@ from metatable.table_config import KEY_COLUMN
 from metatable.timeline_view import DATA_ACTIONS
 
 from .table_model import SCHEMA, TableModel, check_metadata, sort_rows
-from .test_write_concurrency import act, child, finished, rows
+from .test_write_concurrency import act, all_succeed, child, finished, rows
 
 SMALL = {"write.target_file_size": 4096, "clustering.small_file_limit": 1 << 20, "clean.inline": False,
          "heartbeat.interval_s": 0.1, "heartbeat.tolerable_misses": 3}
@@ -199,20 +199,26 @@ def test_a_write_that_began_before_the_clustering_commits_after_it(tmp_path, tab
     check_metadata(mt.Table.open(table.path))
 
 
-@pytest.mark.slow
-def test_abort_clustering_rolls_back_a_running_clustering(tmp_path):
-    table, model = loaded(str(tmp_path / "t"))
-    table = reopened(table)
-    clusterer = act(table.path, "cluster", [], SMALL, METATABLE_PAUSE_AT="table.clustering.files:4")
+def a_write_wins_over_a_clusterer_held_at(table: mt.Table, model: TableModel, point: str) -> tuple[int, str, str]:
+    """A clusterer process held 4 s at `point` once its plan exists, while an abort_clustering write wins;
+    returns how the clusterer ended."""
+    clusterer = act(table.path, "cluster", [], SMALL, METATABLE_PAUSE_AT=f"{point}:4")
     deadline = time.time() + 30
     while not table.context.timeline.pending([Action.REPLACECOMMIT]):
         assert time.time() < deadline
         time.sleep(0.05)
     batch = rows(range(0, 20), "a", "wins", 9)
-    writer = mt.Table.open(table.path, options={"clustering.updates": "abort_clustering"})
-    writer.upsert(pa.Table.from_pylist(batch, schema=SCHEMA))
+    mt.Table.open(table.path, options={"clustering.updates": "abort_clustering"}).upsert(
+        pa.Table.from_pylist(batch, schema=SCHEMA))
     model.apply("upsert", batch)
-    code, out, err = finished(clusterer)
+    return finished(clusterer)
+
+
+@pytest.mark.slow
+def test_abort_clustering_rolls_back_a_running_clustering(tmp_path):
+    table, model = loaded(str(tmp_path / "t"))
+    table = reopened(table)
+    code, out, err = a_write_wins_over_a_clusterer_held_at(table, model, "table.clustering.files")
     assert code == 3 and "a write won over it" in out, out + err
     assert not table.context.timeline.pending()
     assert snapshot(table) == model.expected()
@@ -225,16 +231,7 @@ def test_a_clustering_rolled_back_between_its_schedule_and_its_run_is_a_conflict
     named conflict, not "no pending clustering" (found by the writers-and-clusterer process test)."""
     table, model = loaded(str(tmp_path / "t"))
     table = reopened(table)
-    clusterer = act(table.path, "cluster", [], SMALL, METATABLE_PAUSE_AT="table.clustering.scheduled:4")
-    deadline = time.time() + 30
-    while not table.context.timeline.pending([Action.REPLACECOMMIT]):
-        assert time.time() < deadline
-        time.sleep(0.05)
-    batch = rows(range(0, 20), "a", "wins", 9)
-    mt.Table.open(table.path, options={"clustering.updates": "abort_clustering"}).upsert(
-        pa.Table.from_pylist(batch, schema=SCHEMA))
-    model.apply("upsert", batch)
-    code, out, err = finished(clusterer)
+    code, out, err = a_write_wins_over_a_clusterer_held_at(table, model, "table.clustering.scheduled")
     assert code == 3 and "rolled back before it ran" in out, out + err
     assert not table.context.timeline.pending()
     assert snapshot(table) == model.expected()
@@ -342,9 +339,7 @@ def test_writers_keep_writing_while_another_process_clusters(tmp_path, table_typ
              for i in range(2)]
     clusterer = {**options, "write.target_file_size": 1 << 20, "clustering.sort_columns": "v"}
     procs.append(child("clustering_child", root, "cluster", journals[2], "0", str(deadline), json.dumps(clusterer)))
-    for proc in procs:
-        code, _, err = finished(proc, timeout=180)
-        assert code == 0, err
+    all_succeed(procs, timeout=180)
     table = mt.Table.open(root)
     model, rejected = model_of(table, journals[:2])
     clustered = [json.loads(line) for line in open(journals[2])]

@@ -26,7 +26,8 @@ from metatable.instant import Action
 from metatable.schemas import schema
 
 from .table_model import SCHEMA, TableModel, check_metadata, rows_strategy, sort_rows
-from .test_write_concurrency import act, child, finished, rows
+from .test_clustering import model_of
+from .test_write_concurrency import act, all_succeed, child, finished, rows
 
 BASE = {"heartbeat.interval_s": 0.05, "heartbeat.tolerable_misses": 2, "clean.retain_commits": 3,
         "clean.inline": False}
@@ -388,11 +389,8 @@ def test_writers_and_readers_in_other_processes_during_resizes(tmp_path, table_t
                "bucket.merge_threshold": 0.0}
     procs.append(child("clustering_child", root, "cluster", journals[2], "0", str(deadline), json.dumps(resizer)))
     procs.append(child("clustering_child", root, "read", journals[3], "0", str(deadline), json.dumps(options)))
-    for proc in procs:
-        code, _, err = finished(proc, timeout=240)
-        assert code == 0, err
+    all_succeed(procs, timeout=240)
     table = mt.Table.open(root)
-    from .test_clustering import model_of
     model, rejected = model_of(table, journals[:2])
     assert not rejected
     resized = [json.loads(line) for line in open(journals[2])]

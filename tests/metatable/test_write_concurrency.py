@@ -39,6 +39,12 @@ def finished(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, st
     return proc.returncode, out, err
 
 
+def all_succeed(procs: list[subprocess.Popen], timeout: float) -> None:
+    for proc in procs:
+        code, _, err = finished(proc, timeout=timeout)
+        assert code == 0, err
+
+
 def rows(ids, p, v, ts=1):
     return [{"id": i, "p": p, "v": v, "ts": ts} for i in ids]
 
