@@ -20,7 +20,7 @@ from .log_file import LogFile
 from .file_slice import parse_names
 from .conflicts import Committer
 from .context import TableContext
-from .data_commit import Commit, commit, files_record
+from .data_commit import Commit, commit, completed_at, files_record
 from .instant import Action, Instant, datetime_from_time
 from .lifecycle import Service, run_due
 from .timeline_view import DATA_ACTIONS, WRITE_ACTIONS
@@ -49,19 +49,6 @@ def seen_by_inflight_writes(context: TableContext) -> set[str] | None:
     start_ns = int(datetime_from_time(start).timestamp() * 1e9)
     return {i.time for i in context.timeline.completed(DATA_ACTIONS)
             if i.time < start and completed_at(context, i) < start_ns}
-
-
-_COMPLETED_AT: dict[tuple[str, str], int] = {}  # completed commit metadata never changes
-
-
-def completed_at(context: TableContext, instant: Instant) -> int:
-    """When a completed instant's commit completed (ns; 0 for commits that predate the record)."""
-    key = (context.root, instant.time)
-    if key not in _COMPLETED_AT:
-        if len(_COMPLETED_AT) > 100_000:
-            _COMPLETED_AT.clear()
-        _COMPLETED_AT[key] = context.timeline.read_json(instant).get("completed_at", 0)
-    return _COMPLETED_AT[key]
 
 
 def file_id_of(name: str) -> str:

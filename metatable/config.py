@@ -46,6 +46,12 @@ OPTIONS: dict[str, Option] = {
         Option("metadata.column_stats.file_groups", int, 2, "file groups of the column_stats partition", minimum=1),
         Option("metadata.bloom_filter.file_groups", int, 2, "file groups of the bloom_filter partition", minimum=1),
         Option("metadata.hashing_meta.file_groups", int, 1, "file groups of the hashing_meta partition", minimum=1),
+        Option("metadata.record_index.file_groups", int, 4,
+               "file groups of the record_index partition (set when the index is created or scheduled)", minimum=1),
+        Option("indexer.catchup_timeout_s", float, 300.0,
+               "the async indexer waits this long for writes still inflight (with a live heartbeat) that it must "
+               "catch up; then it aborts, removes the partitions it was building, and can be scheduled again",
+               minimum=0.0),
         Option("index.bloom.fpp", float, 0.001,
                "target false-positive rate of per-file bloom filters (see docs/design-notes.md for the measurement)",
                minimum=1e-9),

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 from .data_undo import DataUndo
 from .errors import TableExistsError, TableNotFoundError
+from .index_states import read_states
 from .instant import Action, Instant
 from .lock import TableLock
 from .metadata_table import MetadataTable
@@ -43,6 +44,15 @@ class TableContext:
         """What a reader sees now (or as of a completed instant)."""
         return TimelineView(self.timeline, self.metadata, as_of)
 
+    def index_states(self) -> dict[str, str]:
+        """Metadata index -> "building" | "ready", as table.json holds them now (the indexer changes them while
+        tables are open: a commit reads them under the lock, whatever this context was opened with)."""
+        return read_states(self.storage, self.paths)
+
+    def config_now(self) -> TableConfig:
+        """The table's config with the index states of now."""
+        return self.config.with_index_states(self.index_states())
+
     @classmethod
     def open(cls, path: str, storage: Storage | None = None, options: Mapping[str, Any] | None = None,
              roll_forward: Mapping[Action, Callable[[TableContext, Instant], None]] | None = None) -> TableContext:
@@ -63,7 +73,7 @@ class TableContext:
             metadata = MetadataTable.create(paths.metadata.root, config.metadata_partitions(), options=mdt_options,
                                             storage=storage, authority=timeline)
         transactions = Transactions(timeline, DataUndo(storage, paths, metadata), name="table",
-                                    writes=WRITE_ACTIONS, services=[Action.COMPACTION, Action.REPLACECOMMIT],
+                                    writes=WRITE_ACTIONS, services=[Action.COMPACTION, Action.REPLACECOMMIT, Action.INDEXING],
                                     others=lambda: [metadata.timeline])
         context = cls(paths, storage, config, timeline, metadata, transactions)
         for action, finish in (roll_forward or {}).items():

@@ -33,6 +33,7 @@ from .data_log import read_data_log, write_data_log, write_parquet_log
 from .dual_writes import DUAL, dual_rows, merge_into_base, resize_instant
 from .errors import ConflictError
 from .faults import crash_point
+from .index_records import Change, change_records
 from .instant import BOOTSTRAP_TIME, Action, Instant
 from .log_file import LogFile
 from .markers import clear, mark, marked_files
@@ -76,7 +77,7 @@ def publish(context: TableContext, c: Commit) -> Content:
     touched = sorted(c.file_groups if c.file_groups is not None else {f.group for f in files})
     marked = partial(marked_file_groups, context) if c.committer.action is Action.REPLACECOMMIT else None
     concurrent = concurrent_with(context.timeline, c.instant, c.seen, marked)
-    probe = partial(shared_keys, context, files) if context.config.index.type == "bloom" else None
+    probe = partial(shared_keys, context, files) if context.config.index.type != "bucket" else None
     resolution = check(c.committer, c.instant, touched, concurrent, probe)
     for clustering in resolution.abort:
         log.warning("write %s wins over pending clustering %s (clustering.updates = abort_clustering): rolling "
@@ -88,22 +89,58 @@ def publish(context: TableContext, c: Commit) -> Content:
     files = rehome_files(context, time_, files, resolution.rehome) if resolution.rehome else files
     if c.catch_up is not None:
         files = c.catch_up(files)
-    records = metadata_records(files, time_)
+    metadata = context.metadata
+    metadata.reload_partitions()
+    maintained = context.config_now().maintained  # the index states of now, whatever this writer opened with
+    completed = time.time_ns()
+    change = Change(c.committer.action, files, superseded_bases(context.view(), files, c.metadata.get("replaced", {})),
+                    completed)
+    records: dict[str, dict[str, Any]] = {"files": files_records(files),
+                                          **change_records(context.storage, context.paths, context.config, time_,
+                                                           change, maintained)}
     rings = new_rings(context, time_, files) if c.committer.dual_writes else {}
     if rings:
         records["hashing_meta"] = rings
     for partition, recs in c.records.items():
         records.setdefault(partition, {}).update(recs)
-    metadata = context.metadata
+    kept_partitions = {"files", "hashing_meta", *maintained}
     if metadata.timeline.get(time_) is not None:  # what an interrupted earlier attempt left behind
         metadata.rollback(time_)
     metadata.begin(time_)
-    metadata.write(time_, {p: r for p, r in records.items() if p in metadata.partitions})
+    metadata.write(time_, {p: r for p, r in records.items() if p in metadata.partitions and p in kept_partitions})
     crash_point("table.commit.metadata")
     metadata.complete(time_)
     touched = sorted({*touched, *(f.group for f in files)})  # re-homing may have moved rows into other groups
     return {**c.metadata, "file_groups": touched, "files": [f.relative for f in files],
-            **({"dual_files": kept} if kept else {}), "completed_at": time.time_ns()}
+            **({"dual_files": kept} if kept else {}), "indexes": sorted(maintained), "completed_at": completed}
+
+
+def superseded_bases(view: TimelineView, files: Sequence[WrittenFile],
+                     replaced: Mapping[str, Sequence[str]]) -> dict[FileGroup, str]:
+    """The base files that stop being the latest of their file group: where a new base is written, and in
+    every file group a clustering replaces."""
+    groups = [(f.partition, f.file_id) for f in files if f.kind == "base"]
+    groups += [(p, file_id) for p, ids in replaced.items() for file_id in ids]
+    out = {}
+    for group in groups:
+        fs = view.file_slices.get(group)
+        if fs is not None and fs.base is not None:
+            out[group] = fs.base.file_name
+    return {g: name for g, name in out.items()
+            if not any(f.kind == "base" and f.file_name == name for f in files)}
+
+
+_COMPLETED_AT: dict[tuple[str, str], int] = {}  # completed commit metadata never changes
+
+
+def completed_at(context: TableContext, instant: Instant) -> int:
+    """When a completed instant's commit completed (ns; 0 for commits that predate the record)."""
+    key = (context.root, instant.time)
+    if key not in _COMPLETED_AT:
+        if len(_COMPLETED_AT) > 100_000:
+            _COMPLETED_AT.clear()
+        _COMPLETED_AT[key] = context.timeline.read_json(instant).get("completed_at", 0)
+    return _COMPLETED_AT[key]
 
 
 def new_rings(context: TableContext, instant: str, files: Sequence[WrittenFile]) -> dict[str, Any]:
@@ -176,26 +213,14 @@ def files_record(names: Mapping[str, int], deleted: bool = False) -> dict[str, A
     return {"files": {n: {"size": size, "is_deleted": deleted} for n, size in names.items()}, "is_deleted": False}
 
 
-def metadata_records(files: Sequence[WrittenFile], instant: str) -> dict[str, dict[str, Any]]:
-    """The `files`, `column_stats` and `bloom_filter` records of new files."""
+def files_records(files: Sequence[WrittenFile]) -> dict[str, Any]:
+    """The `files` records of new files (and the partition list)."""
     by_partition: dict[str, dict[str, int]] = {}
-    stats: dict[str, Any] = {}
-    blooms: dict[str, Any] = {}
     for f in files:
         by_partition.setdefault(f.partition, {})[f.file_name] = f.size
-        if f.column_stats:
-            stats.update(pickle.loads(f.column_stats))
-        if f.bloom_filter:
-            blooms[bloom_filter_key(f.partition, f.file_name)] = {
-                "file_name": f.file_name, "filter_type": FILTER_TYPE, "instant": instant,
-                "bloom_filter": f.bloom_filter, "is_deleted": False}
-    records: dict[str, dict[str, Any]] = {"files": {p: files_record(n) for p, n in by_partition.items()}}
+    records = {p: files_record(n) for p, n in by_partition.items()}
     if by_partition:
-        records["files"][ALL_PARTITIONS_KEY] = files_record({p: 0 for p in by_partition})
-    if stats:
-        records["column_stats"] = stats
-    if blooms:
-        records["bloom_filter"] = blooms
+        records[ALL_PARTITIONS_KEY] = files_record({p: 0 for p in by_partition})
     return records
 
 

@@ -2,11 +2,13 @@
 
 Every data file is marked before it is written, so undoing a pending instant deletes exactly the files
 its markers name (even in partitions the metadata table never heard of), then undoes the metadata
-deltacommit at the same instant. Completed data instants are never undone.
+deltacommit at the same instant. Completed data instants are never undone. An indexing is undone by
+`index_states.undo_indexing`.
 """
 from __future__ import annotations
 
-from .instant import Instant
+from .index_states import undo_indexing
+from .instant import Action, Instant
 from .markers import clear, marked_files
 from .metadata_table import MetadataTable
 from .paths import TablePaths
@@ -21,9 +23,19 @@ class DataUndo:
         self.metadata = metadata
 
     def describe(self, target: Instant) -> Content:
+        if target.action is Action.INDEXING:
+            return {"committed": False, "partitions": self.timeline_plan(target).get("partitions", {})}
         return {"committed": False}
 
+    def timeline_plan(self, target: Instant) -> Content:
+        try:
+            return self.metadata.authority.plan(target)
+        except FileNotFoundError:
+            return {}
+
     def undo(self, plan: Content, by: Instant) -> Content:
+        if plan.get("action") == Action.INDEXING.value:
+            return undo_indexing(self.storage, self.paths, self.metadata, plan, by)
         time = plan["target"]
         files = marked_files(self.storage, self.paths, time)
         for relative in files:

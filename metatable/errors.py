@@ -60,3 +60,8 @@ class TimelineError(MetatableError):
 
 class RollbackError(MetatableError):
     """An instant that cannot be rolled back (already compacted, unknown...)."""
+
+
+class IndexingAborted(MetatableError):
+    """The async indexer gave up (a write it had to wait for was still running at `indexer.catchup_timeout_s`,
+    or a file it had to read was cleaned); the partitions it was building are removed: schedule it again."""

@@ -1,9 +1,10 @@
 """Where keys live (`Table.lookup`): through the table's own index, or the three-level metadata lookup; and
 their rows (`Table.get`), read from only the file slices that hold them.
 
-The bucket index computes each key's file group (level 1), then the bloom filters (when the table has
-them) and the files confirm; the metadata path prunes by column-stats key ranges, then bloom filters,
-then the files. Both read only the file slices of the latest snapshot.
+A ready record index answers with one batched metadata multi-get. Otherwise the bucket index computes each
+key's file group (level 1), then the bloom filters (when the table has them) and the files confirm; the
+metadata path prunes by column-stats key ranges, then bloom filters, then the files. All read only the file
+slices of the latest snapshot.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from indexes.arrow_keys import partition_paths, record_keys
 
 from .context import TableContext
 from .errors import InvalidInputError
-from .locator import Explain, FileIdsOf, MetadataIndex, SliceLocator
+from .locator import Explain, FileIdsOf, MetadataIndex, RecordIndex, SliceLocator
 from .slice_reader import members, read_slice
 from .table_config import KEY_COLUMN
 from .timeline_view import TimelineView
@@ -50,9 +51,20 @@ def locate(context: TableContext, index: MetadataIndex, data: pa.Table, by_metad
     partitions = partition_paths(data, config.partition_by).to_pylist() if scoped else None
     view = view or context.view()
     file_ids_of = None if by_metadata else computed_file_ids(context, view)
-    explain = Explain("bucket" if file_ids_of else "metadata (column_stats ranges, bloom filters)")
     locator = SliceLocator(context.storage, context.paths, config, view.file_slices, index.ranges, index.filters)
-    out_partition, out_file = locator.locate(keys, partitions, file_ids_of, explain)
+    if "record_index" in config.metadata_indexes and not by_metadata:
+        explain = Explain("record_index")
+        out_partition, out_file = RecordIndex(context.metadata, config).locate(keys, partitions, view.partitions)
+        stale = [i for i, (p, f) in enumerate(zip(out_partition, out_file))
+                 if f is not None and (p, f) not in view.file_slices]
+        if stale:  # an entry of a file group a resize replaced after the write (docs/design-notes.md)
+            again = locator.locate([keys[i] for i in stale], [partitions[i] for i in stale] if partitions else None,
+                                   file_ids_of, explain)
+            for i, p, f in zip(stale, *again):
+                out_partition[i], out_file[i] = p, f
+    else:
+        explain = Explain("bucket" if file_ids_of else "metadata (column_stats ranges, bloom filters)")
+        out_partition, out_file = locator.locate(keys, partitions, file_ids_of, explain)
     result = pa.table({"key": pa.array(keys, pa.string()), "partition": pa.array(out_partition, pa.string()),
                        "file_id": pa.array(out_file, pa.string())})
     return result, explain
@@ -67,7 +79,9 @@ def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table) -> pa.
     config = context.config
     parts = []
     for group in found.group_by(["partition", "file_id"]).aggregate([("key", "list")]).to_pylist():
-        fs = view.file_slices[(group["partition"], group["file_id"])]
+        fs = view.file_slices.get((group["partition"], group["file_id"]))
+        if fs is None:
+            continue
         rows = read_slice(context.storage, context.paths, config, fs)
         held = rows.filter(pa.array(members(rows[KEY_COLUMN], pa.array(group["key_list"], pa.string()))))
         parts.append(held.select(config.schema.names).cast(config.schema))

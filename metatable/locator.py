@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from indexes.bloom import BloomFilter, BloomFilterSet
-from indexes.keys import bloom_filter_key, column_stats_key
+from indexes.keys import bloom_filter_key, column_stats_key, record_index_keys
 from indexes.lookup import CandidateFile, Filters, LevelReport, distinct, filter_and_verify, lookup
 
 from .file_slice import FileSlice
@@ -110,6 +110,33 @@ class MetadataIndex:
                 _, dropped = self._blooms.popitem(last=False)
                 self._bytes -= len(dropped.bits) if dropped else 0
         return out
+
+
+class RecordIndex:
+    """Where keys live, from the `record_index` metadata partition: one batched multi-get, no data file read.
+    Without partition values, a partition-scoped table's keys are looked up in every partition."""
+
+    def __init__(self, metadata: MetadataTable, config: TableConfig) -> None:
+        self.metadata = metadata
+        self.unique = config.keys_unique_across_partitions
+
+    def locate(self, keys: list[str], partitions: list[str] | None,
+               all_partitions: Sequence[str]) -> tuple[list[str | None], list[str | None]]:
+        n = len(keys)
+        if self.unique or partitions is not None:
+            wanted = record_index_keys(partitions or [""] * n, keys, self.unique)
+            owners = list(range(n))
+        else:
+            wanted = [k for p in all_partitions for k in record_index_keys([p] * n, keys, False)]
+            owners = list(range(n)) * len(all_partitions)
+        found = self.metadata.get_many("record_index", wanted)
+        out_partition: list[str | None] = [None] * n
+        out_file: list[str | None] = [None] * n
+        for key, owner in zip(wanted, owners):
+            entry = found.get(key)
+            if entry is not None and out_file[owner] is None:
+                out_partition[owner], out_file[owner] = entry["partition_path"], entry["file_id"]
+        return out_partition, out_file
 
 
 class SliceLocator:

@@ -32,20 +32,24 @@ class Snapshot:
 
     valid_instants: frozenset[str]     # record blocks of these instants are visible
     rollbacks: frozenset[str]          # completed rollback instants (their blocks are commands)
-    compactions: frozenset[str]        # completed compaction instants (their bases are visible)
+    compactions: frozenset[str]        # completed compaction (and indexing) instants: their bases are visible
 
     @classmethod
     def of(cls, timeline: Timeline, authority: Timeline | None) -> Snapshot:
         """Now: a block is valid once its instant completed on the authority timeline (the data table's), or
         on the metadata table's own timeline as a deltacommit when it stands alone (`authority` None)."""
         done = timeline.completed()
+        indexed: set[str] = set()
         if authority is None:
             valid = {i.time for i in done if i.action is Action.DELTACOMMIT}
         else:
-            valid = {i.time for i in authority.completed()}
+            completed = authority.completed()
+            valid = {i.time for i in completed}
+            indexed = {i.time for i in completed if i.action is Action.INDEXING}  # the indexer's bases
         return cls(valid_instants=frozenset(valid),
                    rollbacks=frozenset(i.time for i in done if i.action is Action.ROLLBACK),
-                   compactions=frozenset({BOOTSTRAP_TIME} | {i.time for i in done if i.action is Action.COMPACTION}))
+                   compactions=frozenset({BOOTSTRAP_TIME} | indexed |
+                                         {i.time for i in done if i.action is Action.COMPACTION}))
 
 
 def resolve_slice(partition: str, file_id: str, names: list[str], compactions: frozenset[str]) -> FileSlice:

@@ -6,6 +6,7 @@ its newest SST base of a completed compaction, plus the logs written after it.
 """
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from typing import Any, Iterable, Mapping
@@ -43,6 +44,21 @@ class MetadataLayout:
         self.partitions = dict(partitions)
         self.sst_cache = SstCache(paths.sst_cache)
 
+    def reload(self) -> bool:
+        """Re-read the partitions from the properties (the data table's indexer adds and drops them); returns
+        whether they changed."""
+        partitions = dict(json.loads(self.storage.read(self.paths.properties))["partitions"])
+        changed = partitions != self.partitions
+        self.partitions = partitions
+        return changed
+
+    def save(self, partitions: Mapping[str, int]) -> None:
+        """Replace the partitions in the properties (atomically; callers hold the lock)."""
+        props = json.loads(self.storage.read(self.paths.properties))
+        props["partitions"] = dict(partitions)
+        self.storage.write_atomic(self.paths.properties, json.dumps(props, indent=2, sort_keys=True).encode())
+        self.partitions = dict(partitions)
+
     def kind(self, partition: str) -> RecordKind:
         return kind_of(partition, self.partitions)
 
@@ -74,9 +90,10 @@ class MetadataLayout:
         return BaseFile(file_id, COMPACTION_TOKEN, instant, SST_EXTENSION)
 
     def next_logs(self, partition: str, indexes: Iterable[int], time: str, compactions: frozenset[str],
-                  pending_compactions: Mapping[str, Mapping[str, Any]]) -> dict[int, LogFile]:
+                  pending_compactions: Mapping[str, Mapping[str, Any]], token: str | None = None) -> dict[int, LogFile]:
         """The next log name per file group at `time`, in the slice new writes belong to: the latest
-        completed base's, or a pending compaction's (`pending_compactions`: instant -> plan)."""
+        completed base's, or a pending compaction's (`pending_compactions`: instant -> plan). `token`: the
+        write token (default `<time>-<random>`)."""
         names = self.listing(partition)
         out = {}
         for index in indexes:
@@ -87,7 +104,8 @@ class MetadataLayout:
                     base_instant = max(base_instant, instant)
             prefix = f".{file_id}_{base_instant}.log."
             versions = [LogFile.parse(n).version for n in names if n.startswith(prefix) and LogFile.is_log_name(n)]
-            out[index] = LogFile(file_id, base_instant, max(versions, default=0) + 1, f"{time}-{uuid.uuid4().hex[:8]}")
+            out[index] = LogFile(file_id, base_instant, max(versions, default=0) + 1,
+                                 token or f"{time}-{uuid.uuid4().hex[:8]}")
         return out
 
 

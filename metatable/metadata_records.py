@@ -217,5 +217,31 @@ class HashingMetaKind(RecordKind):
             )
 
 
+class RecordIndexKind(RecordKind):
+    """`record_index`: the newer entry wins, a tombstone deletes. Newer is the later `completed_at` (then
+    the later position): data versions are ordered by completion, and a write can complete after one with a
+    later instant (merge-on-read writers never conflict; a resize adopts later writes). Writes map many keys
+    to one entry (a file group's), so `encode` keeps the last entry it encoded."""
+
+    name = "record_index"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: tuple[Record | None, bytes] = (None, b"")
+
+    def tombstone(self) -> Record:
+        return {"partition_path": "", "file_id": "", "instant": "", "completed_at": 0, "is_deleted": True}
+
+    def encode(self, record: Record) -> bytes:
+        last, raw = self._last
+        if record is not last:
+            raw = super().encode(record)
+            self._last = (record, raw)
+        return raw
+
+    def merge(self, older: Record, newer: Record) -> Record:
+        return newer if newer["completed_at"] >= older["completed_at"] else older
+
+
 KINDS: dict[str, RecordKind] = {k.name: k for k in (FilesKind(), BloomFilterKind(), ColumnStatsKind(),
-                                                     HashingMetaKind())}
+                                                     HashingMetaKind(), RecordIndexKind())}

@@ -45,8 +45,14 @@ class CleanReport:
     deleted: tuple[str, ...] = field(default_factory=tuple)
 
 
-def pending_compaction_plans(timeline: Timeline) -> dict[str, Content]:
-    return {i.time: timeline.plan(i) for i in timeline.pending([Action.COMPACTION])}
+def pending_compaction_plans(timeline: Timeline, authority: Timeline | None) -> dict[str, Content]:
+    """Pending instants that will write new bases (instant -> plan with its "file_groups"): the metadata
+    table's compactions, and the data table's indexings (the indexer writes the bases of the partitions it
+    builds; logs written meanwhile belong to that slice)."""
+    plans = {i.time: timeline.plan(i) for i in timeline.pending([Action.COMPACTION])}
+    if authority is not None:
+        plans.update({i.time: timeline_plan(authority, i) for i in authority.pending([Action.INDEXING])})
+    return plans
 
 
 class MetadataUndo:
@@ -90,7 +96,7 @@ class MetadataUndo:
         # readers see it: a rollback block in every file group it touched (once, however often resumed)
         rollback_time = by.time
         snapshot = Snapshot.of(self.timeline, self.authority)
-        pending = pending_compaction_plans(self.timeline)
+        pending = pending_compaction_plans(self.timeline, self.authority)
         touched = sorted({(os.path.dirname(p), LogFile.parse(os.path.basename(p)).file_id) for p in plan["logs"]})
         for partition, file_id in touched:
             index = int(file_id.rsplit("-", 1)[1])
@@ -111,15 +117,22 @@ def compaction_service(layout: MetadataLayout, transactions: Transactions, autho
     timeline = transactions.timeline
 
     def plan() -> Content | None:
+        layout.reload()  # under the lock: a partition dropped since this table opened is not planned
         snapshot = Snapshot.of(timeline, authority)
-        pending = sorted(i.time for i in (authority or timeline).pending()
-                         if not (authority is None and i.action is not Action.DELTACOMMIT))
+        instants = (authority or timeline).pending()
+        pending = sorted(i.time for i in instants if i.action is not Action.INDEXING
+                         and not (authority is None and i.action is not Action.DELTACOMMIT))
+        indexing = {file_id: i.time for i in instants if i.action is Action.INDEXING
+                    for file_id in timeline_plan(authority or timeline, i).get("file_groups", {})}
         groups: dict[str, Any] = {}
         listings = {p: layout.listing(p) for p in layout.partitions}
         for partition, index, file_id in layout.file_groups():
             fs = layout.slice(partition, index, listings[partition], snapshot.compactions)
             readable = [lf for lf in fs.logs if lf.instant in snapshot.valid_instants or lf.instant in snapshot.rollbacks]
             if len(readable) < threshold:
+                continue
+            if file_id in indexing:  # the indexer writes its base: nothing compacts it before that
+                blocked.append(f"{file_id} waits for indexing {indexing[file_id]}")
                 continue
             newest = max(lf.instant for lf in readable)
             stuck = [p for p in pending if p <= newest or any(lf.instant == p for lf in fs.logs)]
@@ -135,8 +148,12 @@ def compaction_service(layout: MetadataLayout, transactions: Transactions, autho
         snapshot = Snapshot.of(timeline, authority)
         records = 0
         written = {}
+        with transactions.lock.held():
+            layout.reload()
         for file_id, entry in plan["file_groups"].items():
             partition = entry["partition"]
+            if partition not in layout.partitions:  # dropped since the plan (a plan resumed after a crash)
+                continue
             base = BaseFile.parse(entry["base"]) if entry["base"] else None
             fs = FileSlice(partition, file_id, base.instant if base else BOOTSTRAP_TIME, base,
                            tuple(LogFile.parse(n) for n in entry["logs"]))
@@ -158,9 +175,10 @@ def clean_service(layout: MetadataLayout, transactions: Transactions, authority:
     timeline = transactions.timeline
 
     def plan() -> Content | None:
+        layout.reload()
         snapshot = Snapshot.of(timeline, authority)
         known = {i.time for i in timeline.instants()} | {i.time for i in (authority or timeline).instants()}
-        pending_compactions = {i.time for i in timeline.pending([Action.COMPACTION])}
+        pending_compactions = set(pending_compaction_plans(timeline, authority))
         doomed: list[str] = []
         listings = {p: layout.listing(p) for p in layout.partitions}
         for partition, _, file_id in layout.file_groups():
@@ -180,6 +198,14 @@ def execute_clean(layout: MetadataLayout, transactions: Transactions, instant: I
             layout.sst_cache.forget(os.path.basename(path))
     transactions.commit(instant, content=plan)
     return tuple(plan["delete"])
+
+
+def timeline_plan(timeline: Timeline, instant: Instant) -> Content:
+    """A pending instant's plan, {} if it was rolled back meanwhile."""
+    try:
+        return timeline.plan(instant)
+    except FileNotFoundError:
+        return {}
 
 
 def obsolete(file_id: str, names: list[str], compactions: frozenset[str], pending_compactions: set[str],

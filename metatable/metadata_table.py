@@ -31,8 +31,8 @@ from .faults import crash_point
 from .instant import Action, Instant, State
 from .lifecycle import run_due
 from .lock import TableLock
-from .log_file import BlockKind, LogBlock, write_log
-from .metadata_file_group import MetadataFileGroup, Snapshot
+from .log_file import BlockKind, LogBlock, LogFile, write_log
+from .metadata_file_group import SST_EXTENSION, MetadataFileGroup, Snapshot
 from .metadata_layout import MetadataLayout, check_key, kind_of
 from .metadata_records import KINDS, Record, RecordKind
 from .metadata_services import (CleanReport, CompactionReport, MetadataUndo, clean_service, compaction_service,
@@ -56,7 +56,6 @@ class MetadataTable:
         if not self.storage.exists(paths.properties):
             raise TableNotFoundError(f"no metadata table at {root} (missing {paths.properties}); create it first")
         props = json.loads(self.storage.read(paths.properties))
-        self.partitions: dict[str, int] = dict(props["partitions"])
         self.options = config.resolve({**props.get("options", {}), **(options or {})})
         lock = authority.lock if authority else TableLock(paths.lock, self.options["lock.timeout_s"])
         self.timeline = Timeline(self.storage, root, lock, self.options["heartbeat.interval_s"],
@@ -64,7 +63,7 @@ class MetadataTable:
         self.standalone = authority is None
         self.authority = authority or self.timeline
         self.lock = lock
-        self.layout = MetadataLayout(self.storage, paths, self.partitions)
+        self.layout = MetadataLayout(self.storage, paths, dict(props["partitions"]))
         self.transactions = Transactions(
             self.timeline, MetadataUndo(self.layout, self.timeline, authority), name="metadata",
             writes=[Action.DELTACOMMIT] if self.standalone else [], services=[Action.COMPACTION],
@@ -108,6 +107,51 @@ class MetadataTable:
         self.snapshot = snapshot
         self._groups: dict[tuple[str, int], MetadataFileGroup] = {}
         self._listings: dict[str, list[str]] = {}
+
+    # -- partitions ---------------------------------------------------------------------------------
+    @property
+    def partitions(self) -> dict[str, int]:
+        return self.layout.partitions
+
+    def reload_partitions(self) -> None:
+        """Pick up partitions added or removed since this object opened (the data table's indexer does that)."""
+        if self.layout.reload():
+            self._groups, self._listings = {}, {}
+
+    def add_partitions(self, partitions: Mapping[str, int]) -> None:
+        """Create empty partitions (name -> file groups); a leftover directory of an earlier one is emptied."""
+        for name in partitions:
+            kind_of(name, KINDS)
+            self._delete_files(name)
+        with self.lock.held():
+            self.layout.reload()
+            self.layout.save({**self.layout.partitions, **partitions})
+        self._groups, self._listings = {}, {}
+
+    def remove_partition(self, partition: str, wait_s: float = 60.0) -> None:
+        """Forget a partition, then delete its files once no metadata compaction planned before is still
+        writing there (readers that still hold it fail on a missing file)."""
+        with self.lock.held():
+            self.layout.reload()
+            self.layout.save({p: n for p, n in self.layout.partitions.items() if p != partition})
+        self._groups, self._listings = {}, {}
+        deadline = _time.monotonic() + wait_s
+        while _time.monotonic() < deadline:
+            with self.lock.held():
+                self.transactions.recover()
+                busy = [i for i in self.timeline.pending([Action.COMPACTION])
+                        if any(e["partition"] == partition for e in self.timeline.plan(i)["file_groups"].values())]
+            if not busy:
+                break
+            _time.sleep(0.05)
+        self._delete_files(partition)
+
+    def _delete_files(self, partition: str) -> None:
+        directory = self.layout.dir(partition)
+        for name in self.storage.list(directory):
+            self.storage.delete(os.path.join(directory, name))
+            if name.endswith("." + SST_EXTENSION):
+                self.layout.sst_cache.forget(name)
 
     # -- reads --------------------------------------------------------------------------------------
     def kind(self, partition: str) -> RecordKind:
@@ -159,23 +203,44 @@ class MetadataTable:
                 raise TimelineError(f"metadata deltacommit {time} is {instant and instant.state.value or 'missing'}; "
                                     "call begin() first, and write() once")
             self._check_successors(records)
-            compactions = Snapshot.of(self.timeline, None if self.standalone else self.authority).compactions
-            pending = pending_compaction_plans(self.timeline)
-            planned = []
-            for partition, entries in encoded.items():
-                by_group: dict[int, list[tuple[str, bytes]]] = {}
-                for key, value in entries:
-                    by_group.setdefault(self.layout.file_group_index(partition, key), []).append((key, value))
-                names = self.layout.next_logs(partition, by_group, time, compactions, pending)
-                for index, group_entries in sorted(by_group.items()):
-                    planned.append((partition, names[index], sorted(group_entries)))
+            planned = self._plan_logs(time, encoded)
             paths = [os.path.join(partition, lf.file_name) for partition, lf, _ in planned]
             self.timeline.transition(instant, State.INFLIGHT, {"logs": paths})
-            for partition, lf, entries in planned:
-                write_log(self.storage, os.path.join(self.layout.dir(partition), lf.file_name),
-                          LogBlock(time, BlockKind.RECORDS, entries))
-                crash_point("metadata.write.log")
+            self._write_logs(time, planned)
             return paths
+
+    def append(self, time: str, records: Mapping[str, Mapping[str, Record | None]], token: str) -> list[str]:
+        """Write records as log blocks of instant `time`, which already completed on the data timeline, with
+        the write token `token` (no instant of its own: the data table's indexer catches instants up so,
+        and undoes them by their token)."""
+        if self.standalone:
+            raise InvalidInputError("only the metadata table of a data table appends blocks of completed instants")
+        encoded = {partition: self._encode(partition, recs) for partition, recs in records.items() if recs}
+        with self.lock.held():
+            planned = self._plan_logs(time, encoded, token)
+            self._write_logs(time, planned)
+        return [os.path.join(partition, lf.file_name) for partition, lf, _ in planned]
+
+    def _plan_logs(self, time: str, encoded: Mapping[str, list[tuple[str, bytes]]],
+                   token: str | None = None) -> list[tuple[str, LogFile, list[tuple[str, bytes]]]]:
+        """(partition, log name, sorted entries) of each file group the entries go to."""
+        compactions = Snapshot.of(self.timeline, None if self.standalone else self.authority).compactions
+        pending = pending_compaction_plans(self.timeline, None if self.standalone else self.authority)
+        planned = []
+        for partition, entries in encoded.items():
+            by_group: dict[int, list[tuple[str, bytes]]] = {}
+            for key, value in entries:
+                by_group.setdefault(self.layout.file_group_index(partition, key), []).append((key, value))
+            names = self.layout.next_logs(partition, by_group, time, compactions, pending, token)
+            for index, group_entries in sorted(by_group.items()):
+                planned.append((partition, names[index], sorted(group_entries)))
+        return planned
+
+    def _write_logs(self, time: str, planned: list[tuple[str, LogFile, list[tuple[str, bytes]]]]) -> None:
+        for partition, lf, entries in planned:
+            write_log(self.storage, os.path.join(self.layout.dir(partition), lf.file_name),
+                      LogBlock(time, BlockKind.RECORDS, entries))
+            crash_point("metadata.write.log")
 
     def complete(self, time: str) -> None:
         with self.lock.held():
@@ -208,11 +273,12 @@ class MetadataTable:
 
     def _encode(self, partition: str, records: Mapping[str, Record | None]) -> list[tuple[str, bytes]]:
         kind = self.kind(partition)
+        tombstone = kind.tombstone()
         out = []
         for key, record in records.items():
             check_key(key)
             try:
-                out.append((key, kind.encode(kind.tombstone() if record is None else record)))
+                out.append((key, kind.encode(tombstone if record is None else record)))
             except (ValueError, TypeError, KeyError, AttributeError, fastavro.validation.ValidationError) as e:
                 raise InvalidInputError(f"record for key {key!r} does not fit the {partition} schema: {e}") from None
         return out

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
-from . import clean, clustering, compaction, maintenance, reads
+from . import clean, clustering, compaction, indexer, maintenance, reads
 from .context import TableContext
 from .errors import InvalidInputError, MetatableError, RollbackError
 from .file_slice import FileSlice
@@ -30,6 +30,7 @@ __all__ = ["Table", "WriteResult", "IndexConfig", "MetatableError"]
 
 class Table:
     def __init__(self, path: str, *, storage: Storage | None = None, options: Mapping[str, Any] | None = None) -> None:
+        self.options = dict(options or {})
         self.context = TableContext.open(path, storage, options, roll_forward={Action.CLEAN: clean.finish})
         self.path = self.context.root
         self.storage = self.context.storage
@@ -47,8 +48,11 @@ class Table:
                storage: Storage | None = None) -> Table:
         if not isinstance(schema, pa.Schema):
             raise InvalidInputError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+        index = index or IndexConfig()
+        indexes = tuple(metadata_indexes) + (("record_index",) if index.type == "record" and
+                                             "record_index" not in metadata_indexes else ())
         config = TableConfig(normalize_schema(schema), as_tuple(record_key), as_tuple(partition_by), ordering_field,
-                             table_type, index or IndexConfig(), tuple(metadata_indexes), dict(options or {}))
+                             table_type, index, indexes, dict(options or {}))
         return cls(TableContext.create(path, config, storage), storage=storage)
 
     @classmethod
@@ -194,6 +198,41 @@ class Table:
         done = clean.clean(self.context)
         self.metadata.refresh()
         return done
+
+    # -- the async indexer ----------------------------------------------------------------------------
+    def schedule_indexing(self, partitions: Sequence[str]) -> str:
+        """Plan building metadata indexes (`bloom_filter`, `column_stats`, `record_index`) of this table while
+        writers keep writing: from now on every commit maintains them. Returns the indexing instant."""
+        done = indexer.schedule(self.context, as_tuple(partitions))
+        self._reopen()
+        return done
+
+    def run_indexing(self, instant: str | None = None, spark: Any = None) -> list[str]:
+        """Build the given pending indexing, or all of them; the partitions become ready. Returns the instants
+        completed. A write still running at `indexer.catchup_timeout_s` aborts it (IndexingAborted)."""
+        try:
+            return indexer.run(self.context, instant, spark)
+        finally:
+            self._reopen()
+
+    def drop_index(self, partition: str) -> list[str]:
+        """Stop maintaining a metadata index and delete it (a pending indexing of it is cancelled, and
+        returned). Writers are never blocked."""
+        cancelled = indexer.drop(self.context, partition)
+        self._reopen()
+        return cancelled
+
+    def indexes(self) -> dict[str, str]:
+        """Metadata index -> "building" | "ready"."""
+        return indexer.states(self.context)
+
+    def index_status(self) -> list[dict[str, Any]]:
+        """Per metadata index: state, file groups, records, and the instant it is current to."""
+        return indexer.status(self.context)
+
+    def _reopen(self) -> None:
+        """See the index states of now (this object reads, looks up and tags with the ready ones)."""
+        self.__init__(self.path, storage=self.storage, options=self.options)
 
     def stats(self, as_of: str | None = None) -> list[dict[str, Any]]:
         """Per file group: rows, bytes and pending logs of its latest slice (as of a completed instant)."""

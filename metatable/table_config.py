@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
@@ -12,8 +12,9 @@ from . import config
 from .errors import ConfigError, InvalidInputError
 
 TABLE_TYPES = ("merge_on_read", "copy_on_write")
-METADATA_INDEXES = ("bloom_filter", "column_stats")
-INDEX_TYPES = ("bucket", "bloom")
+METADATA_INDEXES = ("bloom_filter", "column_stats", "record_index")
+INDEX_TYPES = ("bucket", "bloom", "record")
+BUILDING, READY = "building", "ready"  # the states of a metadata index (`indexer`)
 BUCKET_ENGINES = ("simple", "consistent_hashing")
 INDEX_SCOPES = ("partition", "global")
 
@@ -28,8 +29,10 @@ class IndexConfig:
 
     type "bucket": engine "simple" (hash32(key) % num_buckets, fixed buckets per partition) or
     "consistent_hashing" (num_buckets initial buckets per partition on a hash ring, resized by clustering);
-    type "bloom": the metadata-backed bloom index; `scope` "partition" (a key is unique within its partition)
-    or "global" (unique across partitions: an update goes to the file group that holds the key).
+    type "bloom": the metadata-backed bloom index; type "record": the record-level index (`record_index`
+    metadata partition: key -> file group), new keys placed as the bloom index places them. `scope`
+    "partition" (a key is unique within its partition) or "global" (unique across partitions: an update goes
+    to the file group that holds the key).
     """
 
     type: str = "bucket"
@@ -89,8 +92,9 @@ class TableConfig:
     ordering_field: str | None = None
     table_type: str = "merge_on_read"
     index: IndexConfig = field(default_factory=IndexConfig)
-    metadata_indexes: tuple[str, ...] = ("column_stats",)
+    metadata_indexes: tuple[str, ...] = ("column_stats",)  # ready: lookups, data skipping and tagging use them
     options: Mapping[str, Any] = field(default_factory=dict)
+    building: tuple[str, ...] = ()  # scheduled by the indexer: every commit maintains them, nothing reads them
 
     def __post_init__(self) -> None:
         names = set(self.schema.names)
@@ -104,12 +108,36 @@ class TableConfig:
             raise InvalidInputError(f"ordering_field {self.ordering_field!r} is not in the schema ({sorted(names)})")
         if self.table_type not in TABLE_TYPES:
             raise ConfigError(f"table_type must be one of {list(TABLE_TYPES)}, got {self.table_type!r}")
-        unknown = [m for m in self.metadata_indexes if m not in METADATA_INDEXES]
+        unknown = [m for m in self.maintained if m not in METADATA_INDEXES]
         if unknown:
             raise ConfigError(f"unknown metadata_indexes {unknown}; valid: {list(METADATA_INDEXES)}")
-        if self.index.type == "bloom" and not {"bloom_filter", "column_stats"} <= set(self.metadata_indexes):
-            raise ConfigError("index type 'bloom' needs metadata_indexes bloom_filter and column_stats")
+        missing = sorted(set(self.required_indexes) - set(self.metadata_indexes))
+        if missing:
+            raise ConfigError(f"index type {self.index.type!r} needs metadata_indexes {missing}")
         object.__setattr__(self, "options", config.resolve(self.options))
+
+    @property
+    def required_indexes(self) -> tuple[str, ...]:
+        """The metadata indexes the write index cannot work without."""
+        return {"bloom": ("bloom_filter", "column_stats"), "record": ("record_index",)}.get(self.index.type, ())
+
+    @property
+    def maintained(self) -> tuple[str, ...]:
+        """The metadata indexes every commit writes: ready and building."""
+        return (*self.metadata_indexes, *self.building)
+
+    @property
+    def keys_unique_across_partitions(self) -> bool:
+        """Whether a record key alone names a record (non-partitioned, or a global index): how the record index
+        keys its entries."""
+        return not self.partition_by or self.index.scope == "global"
+
+    def index_states(self) -> dict[str, str]:
+        return {**dict.fromkeys(self.metadata_indexes, READY), **dict.fromkeys(self.building, BUILDING)}
+
+    def with_index_states(self, states: Mapping[str, str]) -> TableConfig:
+        return replace(self, metadata_indexes=tuple(p for p, s in states.items() if s == READY),
+                       building=tuple(p for p, s in states.items() if s == BUILDING))
 
     @property
     def merge_on_read(self) -> bool:
@@ -131,7 +159,7 @@ class TableConfig:
 
     def metadata_partitions(self) -> dict[str, int]:
         """The metadata table's partitions and their file-group counts."""
-        names = ("files", *self.metadata_indexes, *(("hashing_meta",) if self.index.consistent_hashing else ()))
+        names = ("files", *self.maintained, *(("hashing_meta",) if self.index.consistent_hashing else ()))
         return {p: config.file_groups(p, self.options) for p in names}
 
     def to_json(self) -> str:
@@ -141,7 +169,7 @@ class TableConfig:
             "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode("ascii"),
             "record_key": list(self.record_key), "partition_by": list(self.partition_by),
             "ordering_field": self.ordering_field, "table_type": self.table_type,
-            "index": self.index.to_json(), "metadata_indexes": list(self.metadata_indexes),
+            "index": self.index.to_json(), "metadata_indexes": self.index_states(),
             "options": overridden,
         }, indent=2, sort_keys=True)
 
@@ -149,9 +177,17 @@ class TableConfig:
     def from_json(cls, text: str, options: Mapping[str, Any] | None = None) -> TableConfig:
         d = json.loads(text)
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(d["schema"])))
+        states = parse_index_states(d["metadata_indexes"])
         return cls(schema=schema, record_key=tuple(d["record_key"]), partition_by=tuple(d["partition_by"]),
                    ordering_field=d["ordering_field"], table_type=d["table_type"], index=IndexConfig(**d["index"]),
-                   metadata_indexes=tuple(d["metadata_indexes"]), options={**d["options"], **(options or {})})
+                   metadata_indexes=tuple(p for p, s in states.items() if s == READY),
+                   options={**d["options"], **(options or {})},
+                   building=tuple(p for p, s in states.items() if s == BUILDING))
+
+
+def parse_index_states(stored: Mapping[str, str] | Sequence[str]) -> dict[str, str]:
+    """Metadata index -> state as table.json stores it (a plain list: all ready, as tables before the indexer)."""
+    return dict(stored) if isinstance(stored, Mapping) else dict.fromkeys(stored, READY)
 
 
 def as_tuple(cols: str | Sequence[str] | None) -> tuple[str, ...]:

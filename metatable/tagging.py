@@ -11,7 +11,7 @@ from indexes.bloom_index import BloomAssigner, BloomPlan
 from indexes.bucket import BucketAssigner
 from indexes.consistent_hashing import ConsistentHashingAssigner
 
-from .locator import Explain, MetadataIndex, SliceLocator
+from .locator import Explain, MetadataIndex, RecordIndex, SliceLocator
 from .metadata_table import MetadataTable
 from .storage import LocalStorage
 from .table_config import TableConfig
@@ -30,12 +30,16 @@ def make_assigner(task: WriteTask) -> Assigner:
     config = task.config
     if config.index.consistent_hashing:
         return ConsistentHashingAssigner(task.index_plan)
-    if config.index.type != "bloom":
+    if config.index.type == "bucket":
         return BucketAssigner(task.index_plan)
     plan: BloomPlan = task.index_plan
     storage = LocalStorage()
     metadata = MetadataTable(task.paths.metadata.root, storage=storage,
                              authority=Timeline(storage, task.paths.root))
+    if config.index.type == "record":
+        index = RecordIndex(metadata, config)
+        partitions = sorted({p for p, _ in task.slices})
+        return BloomAssigner(plan, lambda keys, incoming: index.locate(keys, incoming, partitions))
     ranges = plan.ranges
 
     def pinned_ranges(files) -> dict:

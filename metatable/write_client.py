@@ -78,8 +78,8 @@ class WriteClient:
                 transactions.abort(instant)
                 raise
         with transactions.running(instant):
-            plan = self.bloom_plan(view, data, operation, instant.time) if config.index.type == "bloom" \
-                else view.index_plan(config.index)
+            plan = view.index_plan(config.index) if config.index.type == "bucket" \
+                else self.bloom_plan(view, data, operation, instant.time)
             task = WriteTask(context.paths, config, instant.time, operation, view.file_slices,
                              view.log_base_instants(), plan)
             rows = (run_spark(task, data) if on_spark else run_local(task, data)).to_pylist()
@@ -102,8 +102,9 @@ class WriteClient:
             if fs.base:
                 names.setdefault(partition, []).append(fs.base.file_name)
         ranges: dict[str, dict[str, tuple]] = {p: {} for p in names}
-        for (p, n), bounds in self.index.ranges([(p, n) for p, ns in names.items() for n in ns]).items():
-            ranges[p][n] = bounds
+        if config.index.type == "bloom":  # the record index needs no key ranges
+            for (p, n), bounds in self.index.ranges([(p, n) for p, ns in names.items() for n in ns]).items():
+                ranges[p][n] = bounds
         global_scope = config.index.scope == "global"
         if operation == "delete":
             return BloomPlan(ranges, {}, global_scope)
@@ -112,7 +113,8 @@ class WriteClient:
         busy = view.busy()  # inserts never go to a file group that a pending clustering rewrites
         sizes = {p: {fid: size for fid, size in s.items() if group_name(p, fid) not in busy} for p, s in sizes.items()}
         stats = self.context.metadata.get_many("column_stats", [column_stats_key(KEY_COLUMN, p, n)
-                                                                for p, ns in names.items() for n in ns])
+                                                                for p, ns in names.items() for n in ns]) \
+            if "column_stats" in config.metadata_indexes else {}
         rows = sum(r["value_count"] for r in stats.values())
         bytes_per_row = total_bytes / rows if rows else DEFAULT_BYTES_PER_ROW
         slots = insert_slots(self.partition_rows(data), sizes, bytes_per_row,

@@ -80,11 +80,13 @@ def files_in_metadata(table: Table) -> set[str]:
 
 
 def check_metadata(table: Table) -> None:
-    """The files partition lists exactly the data files on disk; column stats match the files."""
+    """The files partition lists exactly the data files on disk; the base of every latest file slice has
+    column stats that match the file, and no other base file has any (superseded ones were tombstoned)."""
     assert files_in_metadata(table) == data_files_on_disk(table)
     if "column_stats" not in table.config.metadata_indexes:
         return
     columns = table.config.stats_columns()
+    latest = {(fs.partition, fs.base.file_name) for fs in table.file_slices().values() if fs.base}
     for relative in files_in_metadata(table):
         if not relative.endswith(".parquet"):
             continue
@@ -93,5 +95,11 @@ def check_metadata(table: Table) -> None:
         path = os.path.join(table.path, relative)
         expected = file_column_stats(pq.read_table(path), columns, partition, name, pq.read_metadata(path))
         got = table.metadata.get_many("column_stats", list(expected))
+        if (partition, name) not in latest:
+            # a resize cannot tombstone what a write that completed before it, at a later instant, recorded
+            # (docs/design-notes.md, "Metadata indexes"): clean does, with the file
+            assert got == {} or table.config.index.consistent_hashing, \
+                f"{relative} is no longer the latest base of its file group, yet has column stats"
+            continue
         assert got == {k: {kk: vv for kk, vv in v.items() if kk != "resets"} for k, v in expected.items()}, relative
         assert set(got) == {column_stats_key(c, partition, name) for c in columns}

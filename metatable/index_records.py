@@ -1,0 +1,178 @@
+"""What the metadata indexes record about data files: one definition for writers, the indexer's build and its
+catch-up, so that an index built for an existing table equals the one its commits would have written.
+
+- `column_stats` and `bloom_filter` describe the base file of every latest file slice. A commit adds the
+  records of its new base files and tombstones those of the bases they supersede (a copy-on-write rewrite, a
+  compaction, the file groups a clustering replaced); clean tombstones what it deletes.
+- `record_index` maps every live record key to its file group: a commit's files add entries for the keys they
+  store live, delete markers tombstone theirs, and a copy-on-write rewrite tombstones the keys its new base
+  no longer holds. A compaction moves no key and records nothing; within one commit an entry wins over a
+  tombstone (a key that moves partition is deleted from the old one and written to the new one).
+
+A write task computes its base files' stats and bloom filter where it writes them; whatever a file lacks
+(the partition was scheduled while the write ran) is computed here from the file.
+"""
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from indexes.bloom import FILTER_TYPE, BloomFilter
+from indexes.column_stats import file_column_stats, tombstones
+from indexes.keys import bloom_filter_key, record_index_key
+
+from .base_file import PARQUET, BaseFile
+from .data_log import read_data_log
+from .file_slice import FileSlice
+from .instant import Action
+from .paths import TablePaths
+from .slice_reader import key_column, members
+from .storage import Storage
+from .table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
+from .written import WrittenFile
+
+Records = dict[str, dict[str, Any]]
+FileGroup = tuple[str, str]
+INDEX_PARTITIONS = ("column_stats", "bloom_filter", "record_index")
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one instant did to the data files."""
+
+    action: Action
+    files: Sequence[WrittenFile]  # the files it added
+    superseded: Mapping[FileGroup, str] = field(default_factory=dict)  # file group -> base no longer latest
+    completed_at: int = 0  # when it completed (ns): record-index entries merge in completion order
+
+
+def change_records(storage: Storage, paths: TablePaths, config: TableConfig, instant: str, change: Change,
+                   partitions: Iterable[str]) -> dict[str, Records]:
+    """The records of `change` in each of the given metadata index partitions."""
+    wanted = set(partitions)
+    out: dict[str, Records] = {p: {} for p in INDEX_PARTITIONS if p in wanted}
+    if wanted & {"column_stats", "bloom_filter"}:
+        columns = config.stats_columns()
+        for (partition, _), name in sorted(change.superseded.items()):
+            if "column_stats" in out:
+                out["column_stats"].update(tombstones(columns, partition, name))
+            if "bloom_filter" in out:
+                out["bloom_filter"][bloom_filter_key(partition, name)] = None
+        for f in change.files:
+            if f.kind == "base":
+                for p, recs in base_file_records(storage, paths, config, f, wanted).items():
+                    out[p].update(recs)
+    if "record_index" in out and change.action is not Action.COMPACTION:
+        out["record_index"] = record_index_records(storage, paths, config, instant, change)
+    return {p: recs for p, recs in out.items() if recs}
+
+
+def base_file_records(storage: Storage, paths: TablePaths, config: TableConfig, f: WrittenFile,
+                      partitions: set[str]) -> dict[str, Records]:
+    """column_stats and bloom_filter records of a base file: as its writer computed them, or from the file
+    (the bloom record names the instant that wrote the file)."""
+    path = paths.file(f.partition, f.file_name)
+    out: dict[str, Records] = {}
+    if "column_stats" in partitions:
+        if f.column_stats:
+            out["column_stats"] = pickle.loads(f.column_stats)
+        else:
+            with pq.ParquetFile(path) as parquet:
+                rows = parquet.read(columns=config.stats_columns())
+                out["column_stats"] = file_column_stats(rows, config.stats_columns(), f.partition, f.file_name,
+                                                        parquet.metadata)
+    if "bloom_filter" in partitions:
+        bloom = f.bloom_filter or BloomFilter.build(key_column(path)[0], config.options["index.bloom.fpp"]).to_bytes()
+        out["bloom_filter"] = {bloom_filter_key(f.partition, f.file_name): {
+            "file_name": f.file_name, "filter_type": FILTER_TYPE, "instant": BaseFile.parse(f.file_name).instant,
+            "bloom_filter": bloom, "is_deleted": False}}
+    return out
+
+
+def record_index_records(storage: Storage, paths: TablePaths, config: TableConfig, instant: str,
+                         change: Change) -> Records:
+    entries: Records = {}
+    gone: list[tuple[str, pa.Array]] = []
+    unique = config.keys_unique_across_partitions
+    for f in change.files:
+        path = paths.file(f.partition, f.file_name)
+        if f.file_name.endswith("." + PARQUET):
+            live = key_column(path)[0]
+            previous = change.superseded.get((f.partition, f.file_id))
+            if change.action is Action.COMMIT and previous is not None:  # a copy-on-write rewrite
+                old = key_column(paths.file(f.partition, previous))[0]
+                gone.append((f.partition, old.filter(pa.array(~members(old, live)))))
+        else:
+            rows = read_data_log(storage, path, config.log_schema)[1].select([KEY_COLUMN, DELETED_COLUMN])
+            live = rows.filter(pc.invert(rows[DELETED_COLUMN]))[KEY_COLUMN]
+            gone.append((f.partition, rows.filter(rows[DELETED_COLUMN])[KEY_COLUMN]))
+        entry = entry_of(f.partition, f.file_id, instant, change.completed_at)
+        entries.update(dict.fromkeys(index_keys(f.partition, live, unique), entry))
+    tombstoned: Records = {}
+    for partition, keys in gone:
+        tombstone = entry_of(partition, "", instant, change.completed_at, deleted=True)
+        tombstoned.update(dict.fromkeys(index_keys(partition, keys, unique), tombstone))
+    return {**tombstoned, **entries}  # an entry wins over a tombstone of the same commit (a moved key)
+
+
+def entry_of(partition: str, file_id: str, instant: str | None, completed_at: int,
+             deleted: bool = False) -> dict[str, Any]:
+    return {"partition_path": partition, "file_id": file_id, "instant": instant or "", "completed_at": completed_at,
+            "is_deleted": deleted}
+
+
+def index_keys(partition: str, keys: pa.Array | pa.ChunkedArray, unique: bool) -> list[str]:
+    """The record_index keys of one partition's record keys."""
+    texts = keys.to_pylist()
+    if unique:
+        return texts
+    prefix = record_index_key(partition, "", False)
+    return [prefix + k for k in texts]
+
+
+def live_keys(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice,
+              stamp_of: Callable[[str], int]) -> tuple[pa.Array, np.ndarray]:
+    """The record keys live in a file slice, each with `stamp_of` the instant of the file that last wrote it
+    (only key columns are read): the last version of each key, in the slice's order, unless a delete."""
+    parts = []
+    if fs.base is not None:
+        keys = key_column(paths.file(fs.partition, fs.base.file_name))[0]
+        parts.append(versions(keys, pa.repeat(False, len(keys)), 0, stamp_of(fs.base.instant)))
+    for seq, lf in enumerate(fs.logs, 1):
+        rows = read_data_log(storage, paths.file(fs.partition, lf.file_name), config.log_schema)[1]
+        parts.append(versions(rows[KEY_COLUMN], rows[DELETED_COLUMN], seq, stamp_of(lf.instant)))
+    if not parts:
+        return pa.array([], pa.string()), np.zeros(0, np.int64)
+    table = pa.concat_tables(parts)
+    if len(parts) > 1:
+        table = table.take(pc.sort_indices(table, [("key", "ascending"), ("seq", "descending")]))
+        keys = table["key"].combine_chunks()
+        first = np.ones(len(keys), dtype=bool)
+        first[1:] = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).to_numpy(zero_copy_only=False)
+        table = table.filter(pa.array(first))
+    table = table.filter(pc.invert(table["deleted"]))
+    return table["key"].combine_chunks(), table["stamp"].to_numpy()
+
+
+def versions(keys: pa.ChunkedArray | pa.Array, deleted: pa.ChunkedArray | pa.Array, seq: int, stamp: int) -> pa.Table:
+    n = len(keys)
+    return pa.table({"key": keys, "deleted": deleted, "seq": pa.repeat(seq, n).cast(pa.int32()),
+                     "stamp": pa.repeat(stamp, n).cast(pa.int64())})
+
+
+def slice_records(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice, partitions: set[str],
+                  stamp_of: Callable[[str], int]) -> tuple[dict[str, Records], tuple[pa.Array, np.ndarray] | None]:
+    """What the indexes hold for one latest file slice (the indexer's build): its base's stats and bloom
+    filter, and (for `record_index`) its live keys with their stamps (`live_keys`)."""
+    out: dict[str, Records] = {}
+    if fs.base is not None and partitions & {"column_stats", "bloom_filter"}:
+        base = WrittenFile(fs.partition, fs.file_id, fs.base.file_name, "base", 0, 0)
+        out = base_file_records(storage, paths, config, base, partitions)
+    keys = live_keys(storage, paths, config, fs, stamp_of) if "record_index" in partitions else None
+    return out, keys

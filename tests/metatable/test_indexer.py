@@ -1,0 +1,420 @@
+"""The async indexer (RFC-45) and the record index: scenarios with writers in separate processes, SIGKILL of
+the indexer, and a model test of the record index.
+
+After each scenario the built partitions are compared with ground truth computed here from the file slices
+(every live base file's bloom filter and column stats, every live key's record-index entry, nothing else),
+with the same partitions built from scratch on a copy of the table, and lookups with where keys really are.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import metatable as mt
+from indexes.bloom import BloomFilter
+from indexes.column_stats import file_column_stats
+from indexes.keys import bloom_filter_key, record_index_key
+from metatable.errors import IndexingAborted, InvalidInputError
+from metatable.instant import Action
+from metatable.slice_reader import read_slice
+from metatable.table_config import KEY_COLUMN
+
+from .table_model import SCHEMA
+from .test_write_concurrency import act, child, finished, rows
+
+ALL = ["bloom_filter", "column_stats", "record_index"]
+# every process judges heartbeats alike: 2 s without a beat is a dead process
+OPTIONS = {"heartbeat.interval_s": 0.2, "heartbeat.tolerable_misses": 10, "clean.retain_commits": 50}
+
+
+def make(root: str, metadata_indexes=(), table_type="merge_on_read", index=None) -> mt.Table:
+    table = mt.Table.create(root, SCHEMA, "id", partition_by="p", ordering_field="ts", table_type=table_type,
+                            index=index or mt.IndexConfig(num_buckets=2), metadata_indexes=list(metadata_indexes),
+                            options=OPTIONS)
+    for p in ("p0", "p1"):
+        table.upsert(pa.Table.from_pylist(rows(range(300), p, "seed"), schema=SCHEMA))
+    return table
+
+
+def indexer(root: str, action: str, *args: str, **env: str):
+    return child("indexer_child", root, action, json.dumps(OPTIONS), *args, **env)
+
+
+def writer(root: str, seed: int, seconds: float):
+    return indexer(root, "write", str(seed), str(time.time() + seconds))
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def pending(table: mt.Table, action: Action) -> list:
+    return table.context.timeline.pending([action])
+
+
+def succeeded(proc, timeout: float = 120) -> str:
+    code, out, err = finished(proc, timeout)
+    assert code == 0, err
+    return out
+
+
+# -- ground truth ---------------------------------------------------------------------------------------
+def expected(table: mt.Table) -> dict[str, dict]:
+    """What the indexes must hold, from the file slices themselves."""
+    config = table.config
+    unique = config.keys_unique_across_partitions
+    out: dict[str, dict] = {"bloom_filter": {}, "column_stats": {}, "record_index": {}}
+    for (partition, file_id), fs in table.file_slices().items():
+        if fs.base:
+            path = table.context.paths.file(partition, fs.base.file_name)
+            data = pq.read_table(path)
+            stats = file_column_stats(data, config.stats_columns(), partition, fs.base.file_name, pq.read_metadata(path))
+            out["column_stats"].update({k: {f: v for f, v in r.items() if f != "resets"} for k, r in stats.items()})
+            bloom = BloomFilter.build(data[KEY_COLUMN], config.options["index.bloom.fpp"]).to_bytes()
+            out["bloom_filter"][bloom_filter_key(partition, fs.base.file_name)] = bloom
+        live = read_slice(table.storage, table.context.paths, config, fs)[KEY_COLUMN].to_pylist()
+        out["record_index"].update({record_index_key(partition, k, unique): (partition, file_id) for k in live})
+    return out
+
+
+def stored(table: mt.Table, partition: str) -> dict:
+    records = dict(table.metadata.scan(partition))
+    if partition == "bloom_filter":
+        return {k: r["bloom_filter"] for k, r in records.items()}
+    if partition == "record_index":
+        return {k: (r["partition_path"], r["file_id"]) for k, r in records.items()}
+    return records
+
+
+def check_indexes(root: str, partitions=ALL) -> mt.Table:
+    """The partitions are ready and hold exactly the ground truth; lookups and gets find every key."""
+    table = mt.Table.open(root, options=OPTIONS)
+    assert {p: table.indexes()[p] for p in partitions} == dict.fromkeys(partitions, "ready")
+    truth = expected(table)
+    for partition in partitions:
+        assert stored(table, partition) == truth[partition], partition
+    data = table.to_arrow()
+    keys = data.select(["id", "p"]).append_column("absent", pa.array([False] * data.num_rows))
+    absent = pa.table({"id": pa.array([10_000, 10_001], pa.int64()), "p": ["p0", "p1"],
+                       "absent": [True, True]})
+    probe = pa.concat_tables([keys, absent])
+    found = table.lookup(probe.select(["id", "p"]))
+    assert found["file_id"].null_count == 2
+    where = {(p, f) for p, f in zip(found["partition"].to_pylist(), found["file_id"].to_pylist()) if f}
+    assert where <= set(table.file_slices())
+    if "record_index" in partitions:
+        assert table.lookup(probe.select(["id", "p"]), explain=True)[1]["index"] == "record_index"
+        got = table.get(keys.select(["id", "p"]))
+        assert sorted(got["id"].to_pylist()) == sorted(data["id"].to_pylist())
+    return table
+
+
+def built_from_scratch_equal(root: str, tmp_path, partitions=ALL) -> None:
+    """The partitions equal the same partitions built on a copy of the table with nothing running."""
+    copy = str(tmp_path / f"scratch-{time.time_ns()}")
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("sst_cache"))
+    scratch = mt.Table.open(copy, options=OPTIONS)
+    for partition in partitions:
+        scratch.drop_index(partition)
+    scratch.schedule_indexing(partitions)
+    scratch.run_indexing()
+    original = mt.Table.open(root, options=OPTIONS)
+    for partition in partitions:
+        assert stored(original, partition) == stored(scratch, partition), partition
+
+
+def check_all(root: str, tmp_path, partitions=ALL) -> mt.Table:
+    table = check_indexes(root, partitions)
+    built_from_scratch_equal(root, tmp_path, partitions)
+    return table
+
+
+def last_indexing(table: mt.Table) -> dict:
+    done = [i for i in table.timeline() if i.action is Action.INDEXING and i.is_completed]
+    return table.context.timeline.read_json(done[-1])
+
+
+# -- the API and its errors --------------------------------------------------------------------------------
+def test_index_an_existing_table(tmp_path):
+    table = make(str(tmp_path / "t"), ["column_stats"])
+    table.delete(pa.table({"id": pa.array([1, 2], pa.int64()), "p": ["p0", "p0"]}))
+    instant = table.schedule_indexing(["bloom_filter", "record_index"])
+    assert table.indexes() == {"column_stats": "ready", "bloom_filter": "building", "record_index": "building"}
+    assert table.lookup(pa.table({"id": pa.array([3], pa.int64())}), explain=True)[1]["index"] == "bucket"
+    assert table.run_indexing() == [instant]
+    check_all(table.path, tmp_path, ALL)
+    status = {row["partition"]: row for row in table.index_status()}
+    assert status["record_index"]["records"] == 598 and status["record_index"]["state"] == "ready"
+    assert status["record_index"]["current_to"] == table.context.timeline.last_time()
+    assert last_indexing(table)["caught_up_to"] is not None
+
+
+def test_refusals(tmp_path):
+    table = make(str(tmp_path / "t"), ["column_stats"])
+    with pytest.raises(InvalidInputError, match="column_stats is ready"):
+        table.schedule_indexing(["column_stats"])
+    with pytest.raises(InvalidInputError, match="builds"):
+        table.schedule_indexing(["files"])
+    table.schedule_indexing(["record_index"])
+    with pytest.raises(InvalidInputError, match="record_index is building"):
+        table.schedule_indexing(["record_index", "bloom_filter"])
+    with pytest.raises(InvalidInputError, match="no index 'bloom_filter'"):
+        table.drop_index("bloom_filter")
+    bloom = mt.Table.create(str(tmp_path / "b"), SCHEMA, "id", index=mt.IndexConfig(type="bloom"),
+                            metadata_indexes=["bloom_filter", "column_stats"])
+    with pytest.raises(InvalidInputError, match="needs it"):
+        bloom.drop_index("bloom_filter")
+
+
+def test_writes_maintain_building_and_ready_partitions_whatever_their_options(tmp_path):
+    """A table object opened before the schedule writes the new partitions: the states decide, not the
+    writer's config (HUDI-5769)."""
+    table = make(str(tmp_path / "t"))
+    stale = mt.Table.open(table.path, options=OPTIONS)
+    table.schedule_indexing(["record_index"])
+    result = stale.upsert(pa.Table.from_pylist(rows(range(290, 320), "p0", "late", 2), schema=SCHEMA))
+    assert "record_index" in table.context.timeline.read_json(
+        table.context.timeline.get(result.instant))["indexes"]
+    table.run_indexing()
+    assert last_indexing(table)["applied"] == []
+    check_all(table.path, tmp_path, ["record_index"])
+
+
+def test_record_index_type_tags_through_the_record_index(tmp_path):
+    table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", partition_by="p", ordering_field="ts",
+                            index=mt.IndexConfig(type="record"), options=OPTIONS)
+    assert table.indexes() == {"column_stats": "ready", "record_index": "ready"}
+    table.upsert(pa.Table.from_pylist(rows(range(100), "p0", "a"), schema=SCHEMA))
+    table.upsert(pa.Table.from_pylist(rows(range(50, 150), "p0", "b", 2), schema=SCHEMA))
+    table.delete(pa.table({"id": pa.array([0, 1], pa.int64()), "p": ["p0", "p0"]}))
+    assert table.to_arrow().num_rows == 148
+    check_indexes(table.path, ["column_stats", "record_index"])
+
+
+# -- scenarios -----------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_writers_upsert_for_the_whole_indexing(tmp_path):
+    root = str(tmp_path / "t")
+    make(root)
+    writers = [writer(root, seed, 8) for seed in (0, 1)]
+    time.sleep(1.5)
+    table = mt.Table.open(root, options=OPTIONS)
+    table.schedule_indexing(ALL)
+    table.run_indexing()
+    assert all(json.loads(succeeded(w)) > 3 for w in writers)
+    check_all(root, tmp_path)
+
+
+@pytest.mark.slow
+def test_b_a_missed_write_is_applied_and_an_earlier_one_waited_for(tmp_path):
+    """W1 began before the schedule and commits after execution began; W2 began after W1 and completed
+    before the schedule, so t is before both and W2 did not write the new partitions: catch-up applies it."""
+    root = str(tmp_path / "t")
+    table = make(root)
+    w1 = act(root, "upsert", rows(range(250, 350), "p0", "w1", 2), OPTIONS, METATABLE_PAUSE_AT="table.write.files:3")
+    wait_for(lambda: pending(table, Action.DELTACOMMIT))
+    w2 = table.upsert(pa.Table.from_pylist(rows(range(0, 40), "p1", "w2", 2), schema=SCHEMA))
+    table.delete(pa.table({"id": pa.array([5, 6], pa.int64()), "p": ["p1", "p1"]}))
+    table.schedule_indexing(ALL)
+    table.run_indexing()
+    assert w2.instant in last_indexing(table)["applied"]
+    assert finished(w1)[0] == 0
+    check_all(root, tmp_path)
+
+
+@pytest.mark.slow
+def test_c_a_write_finishes_last_after_the_bases_are_built(tmp_path):
+    root = str(tmp_path / "t")
+    table = make(root)
+    w1 = act(root, "upsert", rows(range(0, 100), "p1", "w1", 3), OPTIONS, METATABLE_PAUSE_AT="table.write.files:5")
+    wait_for(lambda: pending(table, Action.DELTACOMMIT))
+    run = indexer(root, "schedule_run", *ALL, METATABLE_PAUSE_AT="indexer.built:2")
+    wait_for(lambda: pending(table, Action.INDEXING))
+    table.upsert(pa.Table.from_pylist(rows(range(280, 330), "p0", "during", 2), schema=SCHEMA))
+    table.delete(pa.table({"id": pa.array([7, 8], pa.int64()), "p": ["p0", "p0"]}))
+    succeeded(run)
+    code, out, _ = finished(w1)
+    assert code == 0
+    w1_instant = json.loads(out)["instant"]
+    assert table.context.timeline.read_json(table.context.timeline.get(w1_instant))["indexes"] == sorted(ALL)
+    assert last_indexing(table)["caught_up_to"] >= w1_instant  # the indexer waited for it
+    check_all(root, tmp_path)
+
+
+@pytest.mark.slow
+def test_d_a_write_still_running_at_the_timeout_aborts_and_a_retry_succeeds(tmp_path):
+    root = str(tmp_path / "t")
+    table = make(root)
+    w1 = act(root, "upsert", rows(range(0, 50), "p0", "slow", 2), OPTIONS, METATABLE_PAUSE_AT="table.write.files:6")
+    wait_for(lambda: pending(table, Action.DELTACOMMIT))
+    impatient = mt.Table.open(root, options={**OPTIONS, "indexer.catchup_timeout_s": 1.0})
+    impatient.schedule_indexing(["record_index", "bloom_filter"])
+    with pytest.raises(IndexingAborted, match="still running"):
+        impatient.run_indexing()
+    assert impatient.indexes() == {}
+    assert "record_index" not in impatient.metadata.partitions
+    assert not os.listdir(os.path.join(impatient.metadata.root, "record_index"))
+    assert finished(w1)[0] == 0
+    impatient.schedule_indexing(["record_index", "bloom_filter"])
+    impatient.run_indexing()
+    check_all(root, tmp_path, ["record_index", "bloom_filter"])
+
+
+def test_e_scheduled_then_dropped_before_running(tmp_path):
+    root = str(tmp_path / "t")
+    table = make(root, ["column_stats"])
+    instant = table.schedule_indexing(["record_index", "bloom_filter"])
+    assert table.drop_index("record_index") == [instant]
+    assert table.indexes() == {"column_stats": "ready"}  # the cancelled indexing's other partition went too
+    assert not pending(table, Action.INDEXING)
+    assert {"record_index", "bloom_filter"}.isdisjoint(table.metadata.partitions)
+    table.upsert(pa.Table.from_pylist(rows(range(10), "p0", "after"), schema=SCHEMA))
+    assert table.run_indexing() == []
+    table.schedule_indexing(["record_index"])
+    table.run_indexing()
+    check_all(root, tmp_path, ["record_index", "column_stats"])
+
+
+@pytest.mark.slow
+def test_f_dropped_while_writers_write(tmp_path):
+    root = str(tmp_path / "t")
+    table = make(root)
+    table.schedule_indexing(ALL)
+    table.run_indexing()
+    writers = [writer(root, seed, 5) for seed in (0, 1)]
+    time.sleep(1.5)
+    table.drop_index("record_index")
+    time.sleep(1)
+    table.drop_index("bloom_filter")
+    assert all(json.loads(succeeded(w)) > 3 for w in writers)
+    table = mt.Table.open(root, options=OPTIONS)
+    assert table.indexes() == {"column_stats": "ready"}
+    assert not os.path.exists(os.path.join(table.metadata.root, "record_index")) or \
+        not os.listdir(os.path.join(table.metadata.root, "record_index"))
+    last = table.context.timeline.read_json(table.context.timeline.completed()[-1])
+    assert last.get("indexes") == ["column_stats"]
+    check_all(root, tmp_path, ["column_stats"])
+
+
+@pytest.mark.slow
+def test_g_a_compaction_and_a_clustering_complete_during_the_indexing(tmp_path):
+    """Some complete before the schedule but after t (applied by catch-up), some while it builds (they write
+    the partitions themselves)."""
+    root = str(tmp_path / "t")
+    table = make(root)
+    table.upsert(pa.Table.from_pylist(rows(range(0, 200, 2), "p0", "log", 2), schema=SCHEMA))
+    w1 = act(root, "upsert", rows(range(0, 30), "p1", "w1", 3), OPTIONS, METATABLE_PAUSE_AT="table.write.files:4")
+    wait_for(lambda: pending(table, Action.DELTACOMMIT))
+    compacted = table.compact()
+    clustered = table.cluster(sort_columns=["v"], partitions=["p=p0"])
+    assert compacted and clustered
+    run = indexer(root, "schedule_run", *ALL, METATABLE_PAUSE_AT="indexer.built:2")
+    wait_for(lambda: pending(table, Action.INDEXING))
+    table.upsert(pa.Table.from_pylist(rows(range(100, 160), "p0", "during", 3), schema=SCHEMA))
+    during = table.compact()
+    succeeded(run)
+    assert finished(w1)[0] == 0
+    applied = last_indexing(table)["applied"]
+    assert compacted in applied and clustered in applied and during not in applied
+    check_all(root, tmp_path)
+
+
+# -- crashes -----------------------------------------------------------------------------------------------
+def crashed_at(root: str, point: str, nth: int = 1) -> None:
+    """A missed write to catch up (W1 held, W2 completed), an indexer SIGKILLed at `point`, then a run in
+    this process that finishes the indexing."""
+    table = mt.Table.open(root, options=OPTIONS)
+    w1 = act(root, "upsert", rows(range(250, 300), "p0", "w1", 2), OPTIONS, METATABLE_PAUSE_AT="table.write.files:3")
+    wait_for(lambda: pending(table, Action.DELTACOMMIT))
+    table.upsert(pa.Table.from_pylist(rows(range(0, 40), "p1", "w2", 2), schema=SCHEMA))
+    killed = indexer(root, "schedule_run", *ALL, METATABLE_CRASH_AT=f"{point}:{nth}")
+    assert finished(killed)[0] == -signal.SIGKILL
+    assert finished(w1)[0] == 0
+    time.sleep(2.5)  # the dead indexer's heartbeat expires
+    table = mt.Table.open(root, options=OPTIONS)
+    if not pending(table, Action.INDEXING) and table.indexes().get("record_index") is None:
+        table.schedule_indexing(ALL)  # killed before its plan existed
+    table.run_indexing()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["indexer.requested", "indexer.build.file_group", "indexer.catch_up",
+                                   "indexer.ready"])
+def test_sigkill_at_named_points(tmp_path, point):
+    root = str(tmp_path / "t")
+    make(root)
+    writers = [writer(root, seed, 6) for seed in (0, 1)]
+    crashed_at(root, point, 2 if point == "indexer.build.file_group" else 1)
+    assert all(json.loads(succeeded(w)) > 0 for w in writers)
+    check_all(root, tmp_path)
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments(tmp_path):
+    rng = random.Random(7)
+    for attempt in range(3):
+        root = str(tmp_path / f"t{attempt}")
+        make(root)
+        proc = indexer(root, "schedule_run", *ALL)
+        time.sleep(rng.uniform(0.3, 2.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        time.sleep(2.5)
+        table = mt.Table.open(root, options=OPTIONS)
+        if table.indexes().get("record_index") is None:
+            table.schedule_indexing(ALL)
+        table.run_indexing()
+        check_all(root, tmp_path)
+
+
+# -- the record index against a model ----------------------------------------------------------------------
+ops = st.lists(st.one_of(
+    st.tuples(st.just("upsert"), st.lists(st.tuples(st.integers(0, 30), st.sampled_from(["a", "b"])), min_size=1,
+                                          max_size=12)),
+    st.tuples(st.just("delete"), st.lists(st.integers(0, 30), min_size=1, max_size=6)),
+    st.tuples(st.sampled_from(["compact", "cluster", "clean"]), st.none())), min_size=1, max_size=10)
+
+
+@settings(max_examples=25)
+@given(ops=ops, table_type=st.sampled_from(["merge_on_read", "copy_on_write"]))
+def test_record_index_equals_a_dict_model(tmp_path_factory, ops, table_type):
+    """Global scope: a key stays in the partition it was first written to (an update naming another
+    partition updates it there), a delete removes it wherever it is."""
+    root = str(tmp_path_factory.mktemp("ri") / "t")
+    table = mt.Table.create(root, SCHEMA, "id", partition_by="p", ordering_field="ts", table_type=table_type,
+                            index=mt.IndexConfig(type="record", scope="global"),
+                            options={"clean.retain_commits": 1, "write.target_file_size": 4096})
+    model: dict[str, str] = {}
+    for step, (op, arg) in enumerate(ops):
+        if op == "upsert":
+            batch = {i: p for i, p in arg}
+            table.upsert(pa.Table.from_pylist([{"id": i, "p": p, "v": str(step), "ts": step} for i, p in batch.items()],
+                                              schema=SCHEMA))
+            for i, p in batch.items():
+                model.setdefault(str(i), f"p={p}")
+        elif op == "delete":
+            table.delete(pa.table({"id": pa.array(arg, pa.int64()), "p": ["a"] * len(arg)}))
+            for i in arg:
+                model.pop(str(i), None)
+        elif op == "compact" and table_type == "merge_on_read":
+            table.compact()
+        elif op == "cluster":
+            table.cluster()
+        elif op == "clean":
+            table.clean()
+    index = stored(table, "record_index")
+    assert {k: p for k, (p, _) in index.items()} == model
+    assert index == expected(table)["record_index"]
