@@ -313,12 +313,41 @@ def cmd_cluster_schedule(args: argparse.Namespace) -> None:
 
 def cmd_cluster_run(args: argparse.Namespace) -> None:
     table = Table.open(args.path, options=parse_options(args.option))
-    spark = None
-    if args.spark:
-        from .spark_engine import spark_session
-        spark = spark_session()
-    done = table.run_clustering(args.instant, spark=spark)
+    done = table.run_clustering(args.instant, spark=local_spark(args.spark))
     print(f"clustered at {', '.join(done)}" if done else "no pending clustering ran")
+
+
+def local_spark(wanted: bool) -> Any:
+    if not wanted:
+        return None
+    from .spark_engine import spark_session
+    return spark_session()
+
+
+def cmd_index_schedule(args: argparse.Namespace) -> None:
+    table = Table.open(args.path, options=parse_options(args.option))
+    instant = table.schedule_indexing(args.partitions)
+    print(f"scheduled indexing {instant} of {', '.join(args.partitions)}; build it with: metatable index run "
+          f"{args.path}")
+
+
+def cmd_index_run(args: argparse.Namespace) -> None:
+    table = Table.open(args.path, options=parse_options(args.option))
+    done = table.run_indexing(args.instant, spark=local_spark(args.spark))
+    print(f"indexed at {', '.join(done)}" if done else "no pending indexing ran")
+
+
+def cmd_index_status(args: argparse.Namespace) -> None:
+    rows = Table.open(args.path).index_status()
+    if not rows:
+        print("no metadata indexes")
+        return
+    print_rows(pa.Table.from_pylist(rows), args.output)
+
+
+def cmd_index_drop(args: argparse.Namespace) -> None:
+    cancelled = Table.open(args.path).drop_index(args.partition)
+    print(f"dropped {args.partition}" + (f" (cancelled pending indexing {', '.join(cancelled)})" if cancelled else ""))
 
 
 def cmd_cluster_show(args: argparse.Namespace) -> None:
@@ -409,13 +438,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--type", default=TABLE_TYPES[0], choices=TABLE_TYPES,
                    help="merge_on_read: updates append logs, merged on read; copy_on_write: updates rewrite files")
     p.add_argument("--index", default=defaults.type, choices=INDEX_TYPES,
-                   help="how a write finds a key's file group: hashed buckets, or the metadata-backed bloom index")
+                   help="how a write finds a key's file group: hashed buckets, the metadata-backed bloom index, or "
+                        "the record-level index (record_index)")
     p.add_argument("--engine", default=defaults.engine, choices=BUCKET_ENGINES,
                    help="bucket index: fixed buckets (simple), or a ring whose buckets split and merge")
     p.add_argument("--buckets", type=int, default=defaults.num_buckets,
                    help="buckets per partition (consistent hashing: to start with)")
     p.add_argument("--scope", default=defaults.scope, choices=INDEX_SCOPES,
-                   help="bloom index: keys unique per partition, or across the table")
+                   help="bloom and record index: keys unique per partition, or across the table")
     p.add_argument("--metadata-index", action="append", choices=METADATA_INDEXES,
                    help="an index the metadata table keeps (repeatable; default column_stats, plus bloom_filter "
                         "for the bloom index)")
@@ -466,6 +496,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="the table's directory")
     p.set_defaults(func=cmd_cluster_show)
 
+    ix = sub.add_parser("index", parents=[verbose], help="the async indexer: build or drop metadata indexes while "
+                                                        "writers keep writing").add_subparsers(dest="ixcommand",
+                                                                                               required=True)
+    p = ix.add_parser("schedule", parents=[verbose], help="plan building indexes (an indexing instant); from now on "
+                                                          "every commit maintains them")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("partitions", nargs="+", choices=METADATA_INDEXES, help="the metadata indexes to build")
+    p.add_argument("--option", action="append", help="key=value option (repeatable), e.g. "
+                                                     "metadata.record_index.file_groups=8")
+    p.set_defaults(func=cmd_index_schedule)
+    p = ix.add_parser("run", parents=[verbose], help="build pending indexings (all, or --instant); they become ready")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("--instant", help="this pending indexing only (default: every pending one)")
+    p.add_argument("--spark", action="store_true", help="one Spark task per data file group on a local session")
+    p.add_argument("--option", action="append", help="key=value option for this run (repeatable), e.g. "
+                                                     "indexer.catchup_timeout_s=60")
+    p.set_defaults(func=cmd_index_run)
+    p = ix.add_parser("status", parents=[verbose], help="each metadata index: state, file groups, records, the "
+                                                        "instant it is current to")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("--output", default="table", choices=["table", "json", "csv"], help="how to print rows")
+    p.set_defaults(func=cmd_index_status)
+    p = ix.add_parser("drop", parents=[verbose], help="stop maintaining an index and delete it (writers are never "
+                                                      "blocked)")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("partition", choices=METADATA_INDEXES, help="the metadata index to drop")
+    p.set_defaults(func=cmd_index_drop)
+
     p = sub.add_parser("stats", parents=[verbose], help="per partition and bucket: file groups, rows, bytes, pending logs; file sizes; "
                                      "consistent hashing: the rings")
     p.add_argument("path", help="the table's directory")
@@ -502,23 +560,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_metadata_create)
     p = md.add_parser("put", parents=[verbose], help="commit one record (JSON) under a key")
     p.add_argument("path", help="the metadata table's directory")
-    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta)")
+    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta, record_index)")
     p.add_argument("key", help="record key")
     p.add_argument("record", help="the record as JSON")
     p.set_defaults(func=cmd_metadata_put)
     p = md.add_parser("delete", parents=[verbose], help="commit a tombstone for a key")
     p.add_argument("path", help="the metadata table's directory")
-    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta)")
+    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta, record_index)")
     p.add_argument("key", help="record key")
     p.set_defaults(func=cmd_metadata_delete)
     p = md.add_parser("get", parents=[verbose], help="one merged record")
     p.add_argument("path", help="the metadata table's directory")
-    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta)")
+    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta, record_index)")
     p.add_argument("key", help="record key")
     p.set_defaults(func=cmd_metadata_get)
     p = md.add_parser("scan", parents=[verbose], help="merged records by key prefix, in key order")
     p.add_argument("path", help="the metadata table's directory")
-    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta)")
+    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta, record_index)")
     p.add_argument("--prefix", default="", help="only keys starting with this")
     p.add_argument("--limit", type=int, default=0, help="records to print (0: all)")
     p.set_defaults(func=cmd_metadata_scan)

@@ -24,9 +24,11 @@ catch-up logs carry its instant in their names), and the rerun rebuilds from the
 from __future__ import annotations
 
 import logging
+import os
 import time
 from contextlib import contextmanager
-from functools import cache
+from functools import cache, partial
+from itertools import groupby
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -36,7 +38,7 @@ from tqdm.auto import tqdm
 
 from indexes.arrow_keys import hash32_array
 from indexes.column_stats import tombstones
-from indexes.keys import bloom_filter_key, record_index_key
+from indexes.keys import bloom_filter_key, hash32, record_index_key
 
 from . import config as options
 from .base_file import PARQUET, BaseFile
@@ -53,8 +55,11 @@ from .log_file import LogFile
 from .metadata_file_group import SENTINEL_KEY, SST_EXTENSION
 from .metadata_layout import file_group_id
 from .metadata_records import KINDS
+from .paths import TablePaths
+from .spark_engine import shuffle_sorted
 from .sst_file import write_sst
-from .table_config import BUILDING, READY
+from .storage import Storage
+from .table_config import BUILDING, READY, TableConfig
 from .timeline_view import DATA_ACTIONS
 from .written import WrittenFile
 
@@ -192,6 +197,8 @@ def build(context: TableContext, indexing: str, partitions: dict[str, int], t: s
           spark: Any = None) -> dict[str, int]:
     """Write each partition's base files from the file slices as of `t`; returns the records per partition."""
     slices = list(context.view(as_of=t).file_slices.values()) if t else []
+    if spark is not None:
+        return spark_build(context, indexing, partitions, t, slices, spark)
     wanted = set(partitions)
     stamp = stamps(context)
     records: dict[str, dict[str, Any]] = {p: {} for p in wanted if p != "record_index"}
@@ -232,9 +239,10 @@ def cleaned_files_abort(what: str) -> Iterator[None]:
                               "schedule the indexing again (it starts from a later instant)") from None
 
 
-def base_path(context: TableContext, partition: str, index: int, indexing: str) -> str:
+def base_path(metadata_root: str, partition: str, index: int, indexing: str) -> str:
+    """Where indexing `indexing` writes the base of a metadata file group."""
     name = BaseFile(file_group_id(partition, index), BASE_TOKEN, indexing, SST_EXTENSION).file_name
-    return context.metadata.layout.path(f"{partition}/{name}")
+    return os.path.join(metadata_root, partition, name)
 
 
 def write_records(context: TableContext, indexing: str, partition: str, n: int, records: dict[str, Any]) -> int:
@@ -244,7 +252,7 @@ def write_records(context: TableContext, indexing: str, partition: str, n: int, 
         by_group[context.metadata.layout.file_group_index(partition, key)].append(key)
     for index, keys in enumerate(by_group):
         items = [(SENTINEL_KEY, b"")] + [(k.encode(), kind.encode(kind.compacted(records[k]))) for k in sorted(keys)]
-        write_sst(context.storage, base_path(context, partition, index, indexing), items)
+        write_sst(context.storage, base_path(context.metadata.root, partition, index, indexing), items)
         crash_point("indexer.build.file_group")
     return len(records)
 
@@ -256,21 +264,16 @@ class RecordIndexBuild:
     def __init__(self, context: TableContext, t: str | None) -> None:
         self.context = context
         self.t = t
-        self.kind = KINDS["record_index"]
         self.unique = context.config.keys_unique_across_partitions
         self.keys: list[pa.Array] = []
         self.value_of: list[np.ndarray] = []
         self.values: list[bytes] = []
 
     def add(self, fs: FileSlice, keys: pa.Array, stamps: np.ndarray) -> None:
-        distinct, which = np.unique(stamps, return_inverse=True)
-        first = len(self.values)
-        self.values += [self.kind.encode(entry_of(fs.partition, fs.file_id, self.t, int(s))) for s in distinct]
-        if not self.unique:
-            prefix = record_index_key(fs.partition, "", False)
-            keys = pc.binary_join_element_wise(pa.scalar(prefix), keys, "")
+        keys, values, which = slice_entries(fs, keys, stamps, self.unique, self.t)
         self.keys.append(keys)
-        self.value_of.append(which.astype(np.int64) + first)
+        self.value_of.append(which + len(self.values))
+        self.values += values
 
     def write(self, indexing: str, n: int) -> int:
         """One SST per file group, keys in byte order (Arrow sorts strings by their UTF-8 bytes, as RocksDB
@@ -283,19 +286,101 @@ class RecordIndexBuild:
             mine = np.flatnonzero(group == index)
             subset = keys.take(pa.array(mine))
             order = pc.sort_indices(subset).to_numpy()
-            items = [(SENTINEL_KEY, b"")]
-            previous = None
-            for key, who in zip(subset.take(pa.array(order)).cast(pa.binary()).to_pylist(),
-                                value_of[mine][order].tolist()):
-                if key == previous:  # live in two slices (a global index that kept two copies): index one
-                    log.warning("record_index: key %r is live in more than one file group", key.decode())
-                    continue
-                items.append((key, self.values[who]))
-                previous = key
-            write_sst(self.context.storage, base_path(self.context, "record_index", index, indexing), items)
+            sorted_keys = subset.take(pa.array(order)).cast(pa.binary()).to_pylist()
+            items = distinct_items(zip(sorted_keys, (self.values[who] for who in value_of[mine][order].tolist())))
+            count = write_sst(self.context.storage,
+                              base_path(self.context.metadata.root, "record_index", index, indexing), items)
             crash_point("indexer.build.file_group")
-            total += len(items) - 1
+            total += count - 1
         return total
+
+
+def slice_entries(fs: FileSlice, keys: pa.Array, stamps: np.ndarray, unique: bool,
+                  t: str | None) -> tuple[pa.Array, list[bytes], np.ndarray]:
+    """A slice's record-index keys, its distinct encoded entries (one per stamp), and each key's entry."""
+    kind = KINDS["record_index"]
+    distinct, which = np.unique(stamps, return_inverse=True)
+    values = [kind.encode(entry_of(fs.partition, fs.file_id, t, int(s))) for s in distinct]
+    if not unique:
+        keys = pc.binary_join_element_wise(pa.scalar(record_index_key(fs.partition, "", False)), keys, "")
+    return keys, values, which.astype(np.int64)
+
+
+# -- the build on Spark: one task per data file group, then one writer per metadata file group ----------------
+EMITTED = pa.schema([("partition", pa.string()), ("group", pa.int32()), ("key", pa.binary()), ("value", pa.binary())])
+WRITTEN = pa.schema([("partition", pa.string()), ("group", pa.int32()), ("records", pa.int64())])
+
+
+def spark_build(context: TableContext, indexing: str, partitions: dict[str, int], t: str | None,
+                slices: list[FileSlice], spark: Any) -> dict[str, int]:
+    stamp = stamps(context)
+    times = {fs.base.instant for fs in slices if fs.base} | {lf.instant for fs in slices for lf in fs.logs}
+    emit = partial(slice_rows, context.storage, context.paths, context.config, slices, partitions,
+                   {time: stamp(time) for time in times}, t)
+    write = partial(write_sorted_runs, context.storage, context.metadata.root, indexing)
+    with cleaned_files_abort(f"the file slices as of {t}"):
+        done = shuffle_sorted(spark, len(slices), emit, EMITTED, ["partition", "group"], write, WRITTEN,
+                              sum(partitions.values()))
+    counts = dict.fromkeys(partitions, 0)
+    for row in done.to_pylist():
+        counts[row["partition"]] += row["records"]
+    built = {(row["partition"], row["group"]) for row in done.to_pylist()}
+    for partition, n in partitions.items():  # file groups no key went to still get a base
+        for index in range(n):
+            if (partition, index) not in built:
+                write_sst(context.storage, base_path(context.metadata.root, partition, index, indexing),
+                          [(SENTINEL_KEY, b"")])
+    return counts
+
+
+def slice_rows(storage: Storage, paths: TablePaths, config: TableConfig, slices: list[FileSlice],
+               partitions: dict[str, int], stamps_of: dict[str, int], t: str | None, index: int) -> pa.Table:
+    """On an executor: the metadata records of one file slice as (partition, file group, key, value) rows."""
+    fs = slices[index]
+    found, live = slice_records(storage, paths, config, fs, set(partitions), stamps_of.__getitem__)
+    parts = []
+    for partition, records in found.items():
+        kind, n = KINDS[partition], partitions[partition]
+        keys = list(records)
+        parts.append(pa.table({"partition": [partition] * len(keys), "group": [hash32(k) % n for k in keys],
+                               "key": [k.encode() for k in keys],
+                               "value": [kind.encode(kind.compacted(records[k])) for k in keys]}, EMITTED))
+    if live is not None:
+        keys, values, which = slice_entries(fs, *live, config.keys_unique_across_partitions, t)
+        n = partitions["record_index"]
+        parts.append(pa.table({"partition": pa.repeat("record_index", len(keys)),
+                               "group": pa.array(hash32_array(keys) % n, pa.int32()), "key": keys.cast(pa.binary()),
+                               "value": pa.array(values, pa.binary()).take(pa.array(which))}, EMITTED))
+    return pa.concat_tables(parts) if parts else EMITTED.empty_table()
+
+
+def write_sorted_runs(storage: Storage, metadata_root: str, indexing: str,
+                      batches: Iterator[pa.RecordBatch]) -> pa.Table:
+    """On an executor: rows sorted by (partition, file group, key) written as one SST per file group."""
+    def rows() -> Iterator[tuple[str, int, bytes, bytes]]:
+        for batch in batches:
+            yield from zip(*(batch.column(i).to_pylist() for i in range(4)))
+
+    out = []
+    for (partition, group), run in groupby(rows(), key=lambda r: (r[0], r[1])):
+        count = write_sst(storage, base_path(metadata_root, partition, group, indexing),
+                          distinct_items(((key, value) for _, _, key, value in run)))
+        crash_point("indexer.build.file_group")
+        out.append({"partition": partition, "group": group, "records": count - 1})
+    return pa.Table.from_pylist(out, WRITTEN)
+
+
+def distinct_items(items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+    """The sentinel, then sorted items without repeated keys (a key live in two slices of a global index
+    that kept two copies is indexed once)."""
+    yield SENTINEL_KEY, b""
+    previous = None
+    for key, value in items:
+        if key == previous:
+            log.warning("record_index: key %r is live in more than one file group", key.decode())
+            continue
+        yield key, value
+        previous = key
 
 
 # -- catch-up ---------------------------------------------------------------------------------------------

@@ -182,3 +182,27 @@ def run_indexed_tasks(spark, count: int, task: Callable[[int], list[dict]]) -> p
         return stats.toArrow()
     except Exception as e:
         raise unwrap_spark_error(e) from None
+
+
+def shuffle_sorted(spark, count: int, emit: Callable[[int], pa.Table], emitted: pa.Schema, by: Sequence[str],
+                   write: Callable[[Iterator[pa.RecordBatch]], pa.Table], written: pa.Schema,
+                   partitions: int) -> pa.Table:
+    """`emit(i)` for i in range(count), one Spark task each; its rows shuffled into `partitions` Spark
+    partitions by the `by` columns and sorted by them (then the rest, in order); `write(sorted batches)` in
+    each, whose small result rows come back to the driver. Nothing else is collected."""
+    def run_emit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from emit(index).to_batches()
+
+    def run_write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from write(batches).to_batches()
+
+    if count == 0:
+        return written.empty_table()
+    rows = spark.range(count, numPartitions=count).mapInArrow(run_emit, to_spark_schema(emitted))
+    ordered = rows.repartition(partitions, *by).sortWithinPartitions(*emitted.names)
+    try:
+        return ordered.mapInArrow(run_write, to_spark_schema(written)).toArrow()
+    except Exception as e:
+        raise unwrap_spark_error(e) from None

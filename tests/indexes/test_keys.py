@@ -45,3 +45,13 @@ def test_record_key():
         keys.record_key(["a", "b"], [1, None])
     with pytest.raises(InvalidInputError, match="empty"):
         keys.record_key(["a"], [""])
+
+
+def test_record_index_key_vectors():
+    assert keys.record_index_key("p=a", "id:1", True) == "id:1"
+    prefix = keys.b64(keys.hash64("p=a"))
+    assert keys.record_index_key("p=a", "7", False) == prefix + "7"
+    assert len(prefix) == 12  # a fixed-length prefix: every key of a partition range-scans together
+    assert keys.record_index_keys(["p=a", "p=b"], ["1", "2"], False) == [prefix + "1",
+                                                                        keys.b64(keys.hash64("p=b")) + "2"]
+    assert keys.record_index_keys(["p=a"], ["1"], True) == ["1"]

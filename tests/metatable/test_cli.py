@@ -169,3 +169,29 @@ def test_every_flag_has_help_and_verbose_goes_anywhere():
     assert not missing
     assert parser.parse_args(["read", "/t", "-v"]).verbose and parser.parse_args(["-v", "read", "/t"]).verbose
     assert not parser.parse_args(["read", "/t"]).verbose
+
+
+def test_index_commands(capsys, files):
+    t = str(files / "t")
+    run(capsys, "create", t, "--schema-from", str(files / "in.csv"), "--key", "id", "--partition-by", "p",
+        "--ordering", "ts")
+    run(capsys, "upsert", t, str(files / "in.csv"))
+    code, out, _ = run(capsys, "index", "schedule", t, "record_index", "bloom_filter")
+    assert code == 0 and out.startswith("scheduled indexing ") and "metatable index run" in out
+    code, out, _ = run(capsys, "index", "status", t, "--output", "json")
+    states = {json.loads(line)["partition"]: json.loads(line)["state"] for line in out.splitlines()}
+    assert states == {"bloom_filter": "building", "column_stats": "ready", "record_index": "building"}
+    run(capsys, "upsert", t, str(files / "up.json"))  # written while building: maintained all the same
+    code, out, _ = run(capsys, "index", "run", t)
+    assert code == 0 and out.startswith("indexed at ")
+    code, out, _ = run(capsys, "index", "status", t, "--output", "json")
+    rows = {json.loads(line)["partition"]: json.loads(line) for line in out.splitlines()}
+    assert rows["record_index"]["state"] == "ready" and rows["record_index"]["records"] == 4
+    code, out, _ = run(capsys, "lookup", t, "1", "4", "9", "--explain")
+    assert "record_index" in out and out.count("p=") == 2
+    code, out, err = run(capsys, "index", "schedule", t, "record_index")
+    assert code != 0 and "record_index is ready" in err
+    code, out, _ = run(capsys, "index", "drop", t, "record_index")
+    assert out == "dropped record_index\n"
+    code, out, _ = run(capsys, "index", "status", t)
+    assert "record_index" not in out and "bloom_filter" in out

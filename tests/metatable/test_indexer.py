@@ -418,3 +418,20 @@ def test_record_index_equals_a_dict_model(tmp_path_factory, ops, table_type):
     index = stored(table, "record_index")
     assert {k: p for k, (p, _) in index.items()} == model
     assert index == expected(table)["record_index"]
+
+
+def test_the_build_on_spark_equals_the_build_in_process(tmp_path, spark):
+    """One Spark task per data file group, one writer per metadata file group: the same bases."""
+    root = str(tmp_path / "t")
+    table = make(root)
+    table.upsert(pa.Table.from_pylist(rows(range(0, 300, 3), "p1", "log", 2), schema=SCHEMA))
+    table.delete(pa.table({"id": pa.array([4, 5], pa.int64()), "p": ["p0", "p0"]}))
+    copy = str(tmp_path / "copy")
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("sst_cache"))
+    for path, session in ((root, spark), (copy, None)):
+        t = mt.Table.open(path, options=OPTIONS)
+        t.schedule_indexing(ALL)
+        t.run_indexing(spark=session)
+    check_indexes(root)
+    for partition in ALL:
+        assert stored(mt.Table.open(root), partition) == stored(mt.Table.open(copy), partition)

@@ -9,7 +9,8 @@ from hypothesis import given, strategies as st
 from indexes.column_stats import stat_value
 from metatable.metadata_records import KINDS, MetadataIntegrityError
 
-FILES, BLOOM, STATS, RING = (KINDS[k] for k in ("files", "bloom_filter", "column_stats", "hashing_meta"))
+FILES, BLOOM, STATS, RING, RECORDS = (KINDS[k] for k in ("files", "bloom_filter", "column_stats", "hashing_meta",
+                                                         "record_index"))
 NAMES = ["a", "b", "c", "d"]
 
 
@@ -44,7 +45,12 @@ def rings(n):
             for i, d in enumerate(n)]
 
 
-KIND_STRATEGIES = [(FILES, files_record), (STATS, stats_record), (BLOOM, bloom_record)]
+record_entry = st.builds(
+    lambda file_id, stamp, deleted: {"partition_path": "p", "file_id": file_id, "instant": "1",
+                                     "completed_at": stamp, "is_deleted": deleted},
+    st.sampled_from(["f1", "f2", "f3"]), st.integers(0, 4), st.booleans())
+
+KIND_STRATEGIES = [(FILES, files_record), (STATS, stats_record), (BLOOM, bloom_record), (RECORDS, record_entry)]
 
 
 @pytest.mark.parametrize("kind,records", KIND_STRATEGIES, ids=lambda x: getattr(x, "name", ""))
@@ -57,10 +63,13 @@ def test_associative(kind, records):
 
 @pytest.mark.parametrize("kind,records", KIND_STRATEGIES, ids=lambda x: getattr(x, "name", ""))
 def test_base_plus_logs_equals_logs_only(kind, records):
-    """Compacting any prefix into a base (dropping what is absent) never changes what readers see."""
+    """Compacting any prefix into a base (dropping what is absent) never changes what readers see. (A record
+    index log written after a compaction completed after everything compacted: its stamps are later.)"""
     @given(st.lists(records, min_size=1, max_size=8), st.integers(0, 8))
     def check(history, cut):
         cut = min(cut, len(history))
+        if kind is RECORDS:
+            history = history[:cut] + [{**r, "completed_at": r["completed_at"] + 10} for r in history[cut:]]
         everything = kind.fold(history)
         base = kind.compacted(kind.fold(history[:cut])) if cut else None
         rest = history[cut:]
@@ -169,3 +178,21 @@ def test_typed_stats_round_trip():
     assert stat_value(back["max_value"]) == dt.datetime(2021, 1, 1, tzinfo=dt.timezone.utc)
     merged = STATS.merge(back, {**rec, "min_value": {"days": dt.date(2019, 5, 5)}, "max_value": None})
     assert stat_value(merged["min_value"]) == dt.date(2019, 5, 5)
+
+
+@given(st.lists(record_entry, min_size=1, max_size=10))
+def test_record_index_latest_completion_wins(history):
+    """The entry of the latest completion (the later one on a tie) is what readers see; a tombstone there
+    means absent."""
+    latest = max(range(len(history)), key=lambda i: (history[i]["completed_at"], i))
+    expected = None if history[latest]["is_deleted"] else history[latest]
+    assert RECORDS.visible(RECORDS.fold(history)) == expected
+
+
+def test_record_index_encoding_is_reused_per_entry():
+    entry = {"partition_path": "p=a", "file_id": "f", "instant": "20260101000000000", "completed_at": 7,
+             "is_deleted": False}
+    first = RECORDS.encode(entry)
+    assert RECORDS.encode(entry) is first
+    assert RECORDS.decode(first) == entry
+    assert RECORDS.decode(RECORDS.encode({**entry, "file_id": "g"}))["file_id"] == "g"
