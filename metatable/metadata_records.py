@@ -242,6 +242,13 @@ class RecordIndexKind(RecordKind):
     def merge(self, older: Record, newer: Record) -> Record:
         return newer if newer["completed_at"] >= older["completed_at"] else older
 
+    def base_visible_many(self, raws: list[bytes]) -> list[Record]:
+        """Each distinct value decoded once (the keys of one file slice share theirs): callers get shared,
+        read-only records."""
+        decoded: dict[bytes, Record] = {}
+        decode = self.decode
+        return [decoded[r] if r in decoded else decoded.setdefault(r, decode(r)) for r in raws]
+
 
 KINDS: dict[str, RecordKind] = {k.name: k for k in (FilesKind(), BloomFilterKind(), ColumnStatsKind(),
                                                      HashingMetaKind(), RecordIndexKind())}
