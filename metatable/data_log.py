@@ -74,11 +74,13 @@ def _meta(instant: str, block_format: str, rows: int) -> dict[str, str]:
 
 
 def read_data_log(storage: Storage, path: str, arrow_schema: pa.Schema) -> tuple[str, pa.Table]:
-    """The block's instant and rows (in `arrow_schema`)."""
+    """The block's instant and rows (in `arrow_schema`: a Parquet block reads only its columns)."""
     meta, records = read_container(storage, path)
     try:
         if meta["metatable.format"] == "parquet":
-            rows = _conform(pq.read_table(io.BytesIO(records[0]["parquet"])), arrow_schema)
+            block = pq.ParquetFile(io.BytesIO(records[0]["parquet"]))
+            present = set(block.schema_arrow.names)
+            rows = _conform(block.read(columns=[n for n in arrow_schema.names if n in present]), arrow_schema)
         else:
             rows = pa.Table.from_pylist(records, schema=arrow_schema)
         expected = int(meta["metatable.rows"])

@@ -93,7 +93,27 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
         .withColumn("l_comment", F.lit("inserted by the demo"))
     batch = updates.unionByName(new_rows).cache()
     batch_rows = batch.count()
-    timed("upsert 5% (90% updates, 10% new)", batch_rows, lambda: table.upsert(batch), describe)
+    # the async indexer builds the bloom filters and the record index (in another process) while the upsert runs
+    indexing = table.schedule_indexing(["bloom_filter", "record_index"])
+    indexer = [sys.executable, "-m", "metatable.cli", "index", "run", root, "--instant", indexing]
+
+    def upsert_while_indexing():
+        process = subprocess.Popen(indexer, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        result = table.upsert(batch)
+        out, err = process.communicate(timeout=1800)
+        if process.returncode != 0:
+            raise AssertionError(f"the indexing failed: {err}")
+        return result
+
+    timed(f"upsert 5% (90% updates, 10% new) while indexing {indexing} builds bloom_filter + record_index",
+          batch_rows, upsert_while_indexing, describe)
+    table = Table.open(root)
+    status = table.index_status()
+    print("    index status: " + "; ".join(f"{s['partition']} {s['state']} ({s['records']:,} records, "
+                                           f"{s['file_groups']} file groups)" for s in status), flush=True)
+    probe = batch.select(*KEY).limit(1000).toArrow()
+    timed("lookup 1,000 keys through the record index", probe.num_rows, lambda: table.lookup(probe, explain=True),
+          lambda r: f"{r[0].num_rows - r[0]['file_id'].null_count} found, index {r[1]['index']}")
 
     doomed = lineitem.select(*KEY, "ship_year").orderBy(F.rand(3)).limit(1000).cache()
     timed("delete 1,000 keys", 1000, lambda: table.delete(doomed), describe)
@@ -142,6 +162,10 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
     print("timeline:")
     for instant in table.timeline():
         print(f"  {instant.time}  {instant.action.value:<12} {instant.state.value}")
+    print("metadata indexes:")
+    for s in table.index_status():
+        print(f"  {s['partition']:<14} {s['state']:<9} {s['file_groups']} file groups, {s['records']:,} records, "
+              f"current to {s['current_to']}")
     print("metadata table timeline (last 5):")
     for instant in table.metadata.timeline.instants()[-5:]:
         print(f"  {instant.time}  {instant.action.value:<12} {instant.state.value}")

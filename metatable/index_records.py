@@ -31,13 +31,15 @@ from .base_file import PARQUET, BaseFile
 from .data_log import read_data_log
 from .file_slice import FileSlice
 from .instant import Action
+from .log_file import Entries
+from .metadata_records import KINDS
 from .paths import TablePaths
 from .slice_reader import key_column, members
 from .storage import Storage
 from .table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
 from .written import WrittenFile
 
-Records = dict[str, dict[str, Any]]
+Records = dict[str, dict[str, Any]]  # key -> record (None: a tombstone)
 FileGroup = tuple[str, str]
 INDEX_PARTITIONS = ("column_stats", "bloom_filter", "record_index")
 
@@ -53,10 +55,10 @@ class Change:
 
 
 def change_records(storage: Storage, paths: TablePaths, config: TableConfig, instant: str, change: Change,
-                   partitions: Iterable[str]) -> dict[str, Records]:
+                   partitions: Iterable[str]) -> dict[str, Records | Entries]:
     """The records of `change` in each of the given metadata index partitions."""
     wanted = set(partitions)
-    out: dict[str, Records] = {p: {} for p in INDEX_PARTITIONS if p in wanted}
+    out: dict[str, Records | Entries] = {p: {} for p in INDEX_PARTITIONS if p in wanted}
     if wanted & {"column_stats", "bloom_filter"}:
         columns = config.stats_columns()
         for (partition, _), name in sorted(change.superseded.items()):
@@ -96,9 +98,11 @@ def base_file_records(storage: Storage, paths: TablePaths, config: TableConfig, 
 
 
 def record_index_records(storage: Storage, paths: TablePaths, config: TableConfig, instant: str,
-                         change: Change) -> Records:
-    entries: Records = {}
-    gone: list[tuple[str, pa.Array]] = []
+                         change: Change) -> Entries:
+    """Encoded entries, columnar (`log_file.Entries`): every key of a file shares its file group's entry."""
+    kind = KINDS["record_index"]
+    tombstones: list[Entries] = []
+    entries: list[Entries] = []
     unique = config.keys_unique_across_partitions
     for f in change.files:
         path = paths.file(f.partition, f.file_name)
@@ -107,18 +111,23 @@ def record_index_records(storage: Storage, paths: TablePaths, config: TableConfi
             previous = change.superseded.get((f.partition, f.file_id))
             if change.action is Action.COMMIT and previous is not None:  # a copy-on-write rewrite
                 old = key_column(paths.file(f.partition, previous))[0]
-                gone.append((f.partition, old.filter(pa.array(~members(old, live)))))
+                gone = old.filter(pa.array(~members(old, live)))
+                tombstone = entry_of(f.partition, "", instant, change.completed_at, deleted=True)
+                tombstones.append(Entries.repeated(index_keys(f.partition, gone, unique), kind.encode(tombstone)))
         else:
-            rows = read_data_log(storage, path, config.log_schema)[1].select([KEY_COLUMN, DELETED_COLUMN])
+            rows = read_data_log(storage, path, key_schema(config))[1]
             live = rows.filter(pc.invert(rows[DELETED_COLUMN]))[KEY_COLUMN]
-            gone.append((f.partition, rows.filter(rows[DELETED_COLUMN])[KEY_COLUMN]))
+            tombstone = entry_of(f.partition, "", instant, change.completed_at, deleted=True)
+            tombstones.append(Entries.repeated(index_keys(f.partition, rows.filter(rows[DELETED_COLUMN])[KEY_COLUMN],
+                                                          unique), kind.encode(tombstone)))
         entry = entry_of(f.partition, f.file_id, instant, change.completed_at)
-        entries.update(dict.fromkeys(index_keys(f.partition, live, unique), entry))
-    tombstoned: Records = {}
-    for partition, keys in gone:
-        tombstone = entry_of(partition, "", instant, change.completed_at, deleted=True)
-        tombstoned.update(dict.fromkeys(index_keys(partition, keys, unique), tombstone))
-    return {**tombstoned, **entries}  # an entry wins over a tombstone of the same commit (a moved key)
+        entries.append(Entries.repeated(index_keys(f.partition, live, unique), kind.encode(entry)))
+    return Entries.concat(tombstones + entries)  # an entry wins over a tombstone of the same commit (a moved key)
+
+
+def key_schema(config: TableConfig) -> pa.Schema:
+    """The columns of a log block that say which keys it writes and deletes."""
+    return pa.schema([config.log_schema.field(KEY_COLUMN), config.log_schema.field(DELETED_COLUMN)])
 
 
 def entry_of(partition: str, file_id: str, instant: str | None, completed_at: int,
@@ -127,13 +136,12 @@ def entry_of(partition: str, file_id: str, instant: str | None, completed_at: in
             "is_deleted": deleted}
 
 
-def index_keys(partition: str, keys: pa.Array | pa.ChunkedArray, unique: bool) -> list[str]:
+def index_keys(partition: str, keys: pa.Array | pa.ChunkedArray, unique: bool) -> pa.Array:
     """The record_index keys of one partition's record keys."""
-    texts = keys.to_pylist()
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
     if unique:
-        return texts
-    prefix = record_index_key(partition, "", False)
-    return [prefix + k for k in texts]
+        return keys
+    return pc.binary_join_element_wise(pa.scalar(record_index_key(partition, "", False)), keys, "")
 
 
 def live_keys(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice,
@@ -145,7 +153,7 @@ def live_keys(storage: Storage, paths: TablePaths, config: TableConfig, fs: File
         keys = key_column(paths.file(fs.partition, fs.base.file_name))[0]
         parts.append(versions(keys, pa.repeat(False, len(keys)), 0, stamp_of(fs.base.instant)))
     for seq, lf in enumerate(fs.logs, 1):
-        rows = read_data_log(storage, paths.file(fs.partition, lf.file_name), config.log_schema)[1]
+        rows = read_data_log(storage, paths.file(fs.partition, lf.file_name), key_schema(config))[1]
         parts.append(versions(rows[KEY_COLUMN], rows[DELETED_COLUMN], seq, stamp_of(lf.instant)))
     if not parts:
         return pa.array([], pa.string()), np.zeros(0, np.int64)

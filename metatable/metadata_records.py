@@ -23,6 +23,7 @@ from .schemas import schema
 Record = dict[str, Any]
 
 
+
 class MetadataIntegrityError(MetatableError):
     """Merged metadata breaks an invariant (e.g. a hashing_meta seq_no that does not advance)."""
 

@@ -22,7 +22,10 @@ import time as _time
 from typing import Any, Iterable, Iterator, Mapping
 
 import fastavro
+import numpy as np
+import pyarrow.compute as pc
 
+from indexes.arrow_keys import hash32_array
 from indexes.keys import group_by_bucket
 
 from . import config
@@ -31,7 +34,7 @@ from .faults import crash_point
 from .instant import Action, Instant, State
 from .lifecycle import run_due
 from .lock import TableLock
-from .log_file import BlockKind, LogBlock, LogFile, write_log
+from .log_file import BlockKind, Entries, LogBlock, LogFile, write_log
 from .metadata_file_group import SST_EXTENSION, MetadataFileGroup, Snapshot
 from .metadata_layout import MetadataLayout, check_key, kind_of
 from .metadata_records import KINDS, Record, RecordKind
@@ -194,7 +197,7 @@ class MetadataTable:
             raise InvalidInputError("the metadata table of a data table commits at the data instant's time")
         return self.transactions.begin(Action.DELTACOMMIT, time=time, start=False).time
 
-    def write(self, time: str, records: Mapping[str, Mapping[str, Record | None]]) -> list[str]:
+    def write(self, time: str, records: Mapping[str, Mapping[str, Record | None] | Entries]) -> list[str]:
         """Write the instant's records (None = tombstone) as one log file per touched file group."""
         encoded = {partition: self._encode(partition, recs) for partition, recs in records.items()}
         with self.lock.held():
@@ -209,7 +212,7 @@ class MetadataTable:
             self._write_logs(time, planned)
             return paths
 
-    def append(self, time: str, records: Mapping[str, Mapping[str, Record | None]], token: str) -> list[str]:
+    def append(self, time: str, records: Mapping[str, Mapping[str, Record | None] | Entries], token: str) -> list[str]:
         """Write records as log blocks of instant `time`, which already completed on the data timeline, with
         the write token `token` (no instant of its own: the data table's indexer catches instants up so,
         and undoes them by their token)."""
@@ -221,22 +224,23 @@ class MetadataTable:
             self._write_logs(time, planned)
         return [os.path.join(partition, lf.file_name) for partition, lf, _ in planned]
 
-    def _plan_logs(self, time: str, encoded: Mapping[str, list[tuple[str, bytes]]],
-                   token: str | None = None) -> list[tuple[str, LogFile, list[tuple[str, bytes]]]]:
-        """(partition, log name, sorted entries) of each file group the entries go to."""
+    def _plan_logs(self, time: str, encoded: Mapping[str, Entries],
+                   token: str | None = None) -> list[tuple[str, LogFile, Entries]]:
+        """(partition, log name, entries sorted by key) of each file group the entries go to."""
         compactions = Snapshot.of(self.timeline, None if self.standalone else self.authority).compactions
         pending = pending_compaction_plans(self.timeline, None if self.standalone else self.authority)
         planned = []
         for partition, entries in encoded.items():
-            by_group: dict[int, list[tuple[str, bytes]]] = {}
-            for key, value in entries:
-                by_group.setdefault(self.layout.file_group_index(partition, key), []).append((key, value))
-            names = self.layout.next_logs(partition, by_group, time, compactions, pending, token)
-            for index, group_entries in sorted(by_group.items()):
-                planned.append((partition, names[index], sorted(group_entries)))
+            groups = hash32_array(entries.keys) % self.partitions[partition]
+            order = np.argsort(groups, kind="stable")  # grouped, and still sorted by key within a group
+            bounds = np.flatnonzero(np.diff(groups[order])) + 1
+            runs = {int(groups[run[0]]): run for run in np.split(order, bounds) if len(run)}
+            names = self.layout.next_logs(partition, runs, time, compactions, pending, token)
+            for index, run in sorted(runs.items()):
+                planned.append((partition, names[index], entries.take(run)))
         return planned
 
-    def _write_logs(self, time: str, planned: list[tuple[str, LogFile, list[tuple[str, bytes]]]]) -> None:
+    def _write_logs(self, time: str, planned: list[tuple[str, LogFile, Entries]]) -> None:
         for partition, lf, entries in planned:
             write_log(self.storage, os.path.join(self.layout.dir(partition), lf.file_name),
                       LogBlock(time, BlockKind.RECORDS, entries))
@@ -271,7 +275,14 @@ class MetadataTable:
         if report.instant:
             self.clean()
 
-    def _encode(self, partition: str, records: Mapping[str, Record | None]) -> list[tuple[str, bytes]]:
+    def _encode(self, partition: str, records: Mapping[str, Record | None] | Entries) -> Entries:
+        """The records as encoded entries sorted by key (None: a tombstone); entries pass through."""
+        if isinstance(records, Entries):
+            keys = records.keys
+            if keys.null_count or pc.any(pc.equal(pc.binary_length(keys), 0)).as_py():
+                raise InvalidInputError(f"metadata keys are non-empty strings; {partition} entries have an empty one")
+            ordered = len(keys) < 2 or pc.all(pc.less(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py()
+            return records if ordered else Entries.concat([records])
         kind = self.kind(partition)
         tombstone = kind.tombstone()
         out = []
@@ -281,13 +292,15 @@ class MetadataTable:
                 out.append((key, kind.encode(tombstone if record is None else record)))
             except (ValueError, TypeError, KeyError, AttributeError, fastavro.validation.ValidationError) as e:
                 raise InvalidInputError(f"record for key {key!r} does not fit the {partition} schema: {e}") from None
-        return out
+        return Entries.concat([Entries.of(out)])
 
-    def _check_successors(self, records: Mapping[str, Mapping[str, Record | None]]) -> None:
+    def _check_successors(self, records: Mapping[str, Mapping[str, Record | None] | Entries]) -> None:
         for partition, recs in records.items():
             kind = self.kind(partition)
+            if type(kind).check_successor is RecordKind.check_successor or isinstance(recs, Entries):
+                continue
             live = {k: r for k, r in recs.items() if r is not None}
-            if type(kind).check_successor is RecordKind.check_successor or not live:
+            if not live:
                 continue
             current = self._raw_current(partition, list(live))
             for key, record in live.items():

@@ -23,8 +23,8 @@ def base_path(paths: TablePaths, fs: FileSlice) -> str | None:
 
 def log_tables(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice,
                columns: Sequence[str]) -> list[pa.Table]:
-    return [read_data_log(storage, paths.file(fs.partition, lf.file_name), config.log_schema)[1].select(columns)
-            for lf in fs.logs]
+    schema = pa.schema([config.log_schema.field(c) for c in columns])
+    return [read_data_log(storage, paths.file(fs.partition, lf.file_name), schema)[1] for lf in fs.logs]
 
 
 def read_slice(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice | None,
