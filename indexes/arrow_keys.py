@@ -72,8 +72,7 @@ def partition_paths(table: pa.Table, fields: Sequence[str]) -> pa.ChunkedArray:
 
 def hash32_array(keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """hash32 of every key (murmur3 has no batch call; its C function is called once per key)."""
-    h = mmh3.hash
-    return np.fromiter((h(k) for k in keys.to_pylist()), dtype=np.int64, count=len(keys)) & 0x7FFFFFFF
+    return np.fromiter(map(mmh3.hash, keys.to_pylist()), dtype=np.int64, count=len(keys)) & 0x7FFFFFFF
 
 
 def bucket_ids(keys: pa.ChunkedArray | pa.Array, num_buckets: int) -> np.ndarray:

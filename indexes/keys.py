@@ -30,8 +30,7 @@ def hash32(s: str | bytes) -> int:
 
 def bucket_indexes(keys: Sequence[str], n: int) -> np.ndarray:
     """`hash32(key) % n` for many keys (the low 31 bits of murmur3 do not depend on its sign)."""
-    h = mmh3.hash
-    return (np.fromiter((h(k) for k in keys), dtype=np.int64, count=len(keys)) & 0x7FFFFFFF) % n
+    return (np.fromiter(map(mmh3.hash, keys), dtype=np.int64, count=len(keys)) & 0x7FFFFFFF) % n
 
 
 def group_by_bucket(keys: Sequence[str], n: int) -> list[tuple[int, list[str]]]:

@@ -332,6 +332,8 @@ def cmd_index_schedule(args: argparse.Namespace) -> None:
 
 
 def cmd_index_run(args: argparse.Namespace) -> None:
+    if args.nice:
+        os.nice(args.nice)  # a background job: writers on the same machine keep their CPU share
     table = Table.open(args.path, options=parse_options(args.option))
     done = table.run_indexing(args.instant, spark=local_spark(args.spark))
     print(f"indexed at {', '.join(done)}" if done else "no pending indexing ran")
@@ -510,6 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="the table's directory")
     p.add_argument("--instant", help="this pending indexing only (default: every pending one)")
     p.add_argument("--spark", action="store_true", help="one Spark task per data file group on a local session")
+    p.add_argument("--nice", type=int, default=10, help="lower this process's CPU priority by N (default 10), so "
+                                                        "that writers on the same machine keep theirs; 0 keeps it")
     p.add_argument("--option", action="append", help="key=value option for this run (repeatable), e.g. "
                                                      "indexer.catchup_timeout_s=60")
     p.set_defaults(func=cmd_index_run)

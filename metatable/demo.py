@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from .table import Table
 from .table_config import IndexConfig
@@ -95,18 +96,9 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
     batch_rows = batch.count()
     # the async indexer builds the bloom filters and the record index (in another process) while the upsert runs
     indexing = table.schedule_indexing(["bloom_filter", "record_index"])
-    indexer = [sys.executable, "-m", "metatable.cli", "index", "run", root, "--instant", indexing]
-
-    def upsert_while_indexing():
-        process = subprocess.Popen(indexer, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        result = table.upsert(batch)
-        out, err = process.communicate(timeout=1800)
-        if process.returncode != 0:
-            raise AssertionError(f"the indexing failed: {err}")
-        return result
-
     timed(f"upsert 5% (90% updates, 10% new) while indexing {indexing} builds bloom_filter + record_index",
-          batch_rows, upsert_while_indexing, describe)
+          batch_rows, lambda: while_running(["index", "run", root, "--instant", indexing], lambda: table.upsert(batch)),
+          describe)
     table = Table.open(root)
     status = table.index_status()
     print("    index status: " + "; ".join(f"{s['partition']} {s['state']} ({s['records']:,} records, "
@@ -174,6 +166,17 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
     return steps
 
 
+def while_running(command: list[str], fn: Callable[[], Any]) -> Any:
+    """`fn()` while `metatable <command>` runs in another process; fails if that command fails."""
+    process = subprocess.Popen([sys.executable, "-m", "metatable.cli", *command], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    result = fn()
+    _, err = process.communicate(timeout=1800)
+    if process.returncode != 0:
+        raise AssertionError(f"metatable {' '.join(command)} failed: {err}")
+    return result
+
+
 @dataclass
 class Resized:
     path: str
@@ -204,17 +207,8 @@ def resize_demo(lineitem, batch, doomed, verify, timed, workdir: str, total: int
     instant = table.schedule_clustering()
     if instant is None:
         raise AssertionError("the consistent-hashing table should have outgrown its buckets")
-    cli = [sys.executable, "-m", "metatable.cli", "cluster", "run", root, "--instant", instant]
-
-    def upsert_while_resizing():
-        resizer = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        result = table.upsert(batch)
-        out, err = resizer.communicate(timeout=1800)
-        if resizer.returncode != 0:
-            raise AssertionError(f"the resize failed: {err}")
-        return result
-
-    timed(f"upsert while resize {instant} runs in another process", batch.count(), upsert_while_resizing,
+    timed(f"upsert while resize {instant} runs in another process", batch.count(),
+          lambda: while_running(["cluster", "run", root, "--instant", instant], lambda: table.upsert(batch)),
           lambda r: f"instant {r.instant}: {r.inserted} inserted, {r.updated} updated; "
                     f"buckets {before} -> {buckets()}")
     table.delete(doomed)

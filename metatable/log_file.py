@@ -156,18 +156,18 @@ def write_log(storage: Storage, path: str, block: LogBlock) -> None:
     fastavro.writer(buf, schema("log_entry"), [], metadata=meta, codec="null", sync_marker=sync)
     if block.entries:
         body = _entries_body(block.entries)
-        buf.write(b"".join((_long(len(block.entries)), _long(len(body)), body, sync)))
+        buf.write(b"".join((avro_long(len(block.entries)), avro_long(len(body)), body, sync)))
     storage.write_atomic(path, buf.getvalue())
 
 
 _SMALL = [bytes([n << 1]) for n in range(64)]  # Avro longs 0..63 are one byte
 
 
-def _long(n: int) -> bytes:
-    """Avro's zig-zag variable-length long (n >= 0)."""
-    if n < 64:
+def avro_long(n: int) -> bytes:
+    """Avro's zig-zag variable-length long."""
+    if 0 <= n < 64:
         return _SMALL[n]
-    n <<= 1
+    n = (n << 1) ^ (n >> 63)
     out = bytearray()
     while n & ~0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -190,7 +190,7 @@ def _entries_body(entries: list[tuple[str, bytes]] | Entries) -> bytes:
 def _lengths(values: pa.Array) -> pa.Array:
     """Each value's length as an Avro long (lengths repeat: each distinct one is encoded once)."""
     distinct, which = np.unique(pc.binary_length(values).to_numpy(zero_copy_only=False), return_inverse=True)
-    return pa.array([_long(int(n)) for n in distinct], pa.binary()).take(pa.array(which))
+    return pa.array([avro_long(int(n)) for n in distinct], pa.binary()).take(pa.array(which))
 
 
 def read_log(storage: Storage, path: str) -> LogBlock:

@@ -18,6 +18,7 @@ import fastavro
 from indexes.column_stats import stat_value, wrap_stat_value
 
 from .errors import MetatableError
+from .log_file import avro_long
 from .schemas import schema
 
 Record = dict[str, Any]
@@ -49,7 +50,7 @@ class RecordKind:
         if len(raws) < 8:
             return [self.decode(r) for r in raws]
         body = b"".join(raws)
-        block = b"".join((self._block_header, _zigzag(len(raws)), _zigzag(len(body)), body, _SYNC))
+        block = b"".join((self._block_header, avro_long(len(raws)), avro_long(len(body)), body, _SYNC))
         return list(fastavro.reader(io.BytesIO(block)))
 
     @cached_property
@@ -87,17 +88,6 @@ class RecordKind:
 
 
 _SYNC = b"metatable-block!"  # 16 bytes, Avro's sync marker size
-
-
-def _zigzag(n: int) -> bytes:
-    """Avro's variable-length zig-zag long."""
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 class FilesKind(RecordKind):

@@ -65,6 +65,13 @@ def pending(table: mt.Table, action: Action) -> list:
     return table.context.timeline.pending([action])
 
 
+def held_writer(table: mt.Table, ids, p: str, v: str, ts: int, seconds: int):
+    """An upsert in another process, held `seconds` before its commit; returns once it is inflight."""
+    proc = act(table.path, "upsert", rows(ids, p, v, ts), OPTIONS, METATABLE_PAUSE_AT=f"table.write.files:{seconds}")
+    wait_for(lambda: pending(table, Action.DELTACOMMIT))
+    return proc
+
+
 def succeeded(proc, timeout: float = 120) -> str:
     code, out, err = finished(proc, timeout)
     assert code == 0, err
@@ -224,8 +231,7 @@ def test_b_a_missed_write_is_applied_and_an_earlier_one_waited_for(tmp_path):
     before the schedule, so t is before both and W2 did not write the new partitions: catch-up applies it."""
     root = str(tmp_path / "t")
     table = make(root)
-    w1 = act(root, "upsert", rows(range(250, 350), "p0", "w1", 2), OPTIONS, METATABLE_PAUSE_AT="table.write.files:3")
-    wait_for(lambda: pending(table, Action.DELTACOMMIT))
+    w1 = held_writer(table, range(250, 350), "p0", "w1", 2, 3)
     w2 = table.upsert(pa.Table.from_pylist(rows(range(0, 40), "p1", "w2", 2), schema=SCHEMA))
     table.delete(pa.table({"id": pa.array([5, 6], pa.int64()), "p": ["p1", "p1"]}))
     table.schedule_indexing(ALL)
@@ -239,8 +245,7 @@ def test_b_a_missed_write_is_applied_and_an_earlier_one_waited_for(tmp_path):
 def test_c_a_write_finishes_last_after_the_bases_are_built(tmp_path):
     root = str(tmp_path / "t")
     table = make(root)
-    w1 = act(root, "upsert", rows(range(0, 100), "p1", "w1", 3), OPTIONS, METATABLE_PAUSE_AT="table.write.files:5")
-    wait_for(lambda: pending(table, Action.DELTACOMMIT))
+    w1 = held_writer(table, range(0, 100), "p1", "w1", 3, 5)
     run = indexer(root, "schedule_run", *ALL, METATABLE_PAUSE_AT="indexer.built:2")
     wait_for(lambda: pending(table, Action.INDEXING))
     table.upsert(pa.Table.from_pylist(rows(range(280, 330), "p0", "during", 2), schema=SCHEMA))
@@ -258,8 +263,7 @@ def test_c_a_write_finishes_last_after_the_bases_are_built(tmp_path):
 def test_d_a_write_still_running_at_the_timeout_aborts_and_a_retry_succeeds(tmp_path):
     root = str(tmp_path / "t")
     table = make(root)
-    w1 = act(root, "upsert", rows(range(0, 50), "p0", "slow", 2), OPTIONS, METATABLE_PAUSE_AT="table.write.files:6")
-    wait_for(lambda: pending(table, Action.DELTACOMMIT))
+    w1 = held_writer(table, range(0, 50), "p0", "slow", 2, 6)
     impatient = mt.Table.open(root, options={**OPTIONS, "indexer.catchup_timeout_s": 1.0})
     impatient.schedule_indexing(["record_index", "bloom_filter"])
     with pytest.raises(IndexingAborted, match="still running"):
@@ -316,8 +320,7 @@ def test_g_a_compaction_and_a_clustering_complete_during_the_indexing(tmp_path):
     root = str(tmp_path / "t")
     table = make(root)
     table.upsert(pa.Table.from_pylist(rows(range(0, 200, 2), "p0", "log", 2), schema=SCHEMA))
-    w1 = act(root, "upsert", rows(range(0, 30), "p1", "w1", 3), OPTIONS, METATABLE_PAUSE_AT="table.write.files:4")
-    wait_for(lambda: pending(table, Action.DELTACOMMIT))
+    w1 = held_writer(table, range(0, 30), "p1", "w1", 3, 4)
     compacted = table.compact()
     clustered = table.cluster(sort_columns=["v"], partitions=["p=p0"])
     assert compacted and clustered
@@ -337,8 +340,7 @@ def crashed_at(root: str, point: str, nth: int = 1) -> None:
     """A missed write to catch up (W1 held, W2 completed), an indexer SIGKILLed at `point`, then a run in
     this process that finishes the indexing."""
     table = mt.Table.open(root, options=OPTIONS)
-    w1 = act(root, "upsert", rows(range(250, 300), "p0", "w1", 2), OPTIONS, METATABLE_PAUSE_AT="table.write.files:3")
-    wait_for(lambda: pending(table, Action.DELTACOMMIT))
+    w1 = held_writer(table, range(250, 300), "p0", "w1", 2, 3)
     table.upsert(pa.Table.from_pylist(rows(range(0, 40), "p1", "w2", 2), schema=SCHEMA))
     killed = indexer(root, "schedule_run", *ALL, METATABLE_CRASH_AT=f"{point}:{nth}")
     assert finished(killed)[0] == -signal.SIGKILL
