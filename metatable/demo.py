@@ -96,7 +96,8 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
     batch_rows = batch.count()
     # the async indexer builds the bloom filters and the record index (in another process) while the upsert runs
     indexing = table.schedule_indexing(["bloom_filter", "record_index"])
-    timed(f"upsert 5% (90% updates, 10% new) while indexing {indexing} builds bloom_filter + record_index",
+    print(f"scheduled indexing {indexing} of bloom_filter and record_index (built in another process)", flush=True)
+    timed("upsert 5% (90% updates, 10% new) while the indexer runs",
           batch_rows, lambda: while_running(["index", "run", root, "--instant", indexing], lambda: table.upsert(batch)),
           describe)
     table = Table.open(root)
