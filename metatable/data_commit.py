@@ -10,7 +10,6 @@ resumed service) first undoes what an earlier attempt left in the metadata table
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -21,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from indexes.bloom import FILTER_TYPE, BloomFilter
+from indexes.bloom import BloomFilter
 from indexes.consistent_hashing import initial_ring
 from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key, hashing_meta_key
 

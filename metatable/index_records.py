@@ -7,7 +7,8 @@ catch-up, so that an index built for an existing table equals the one its commit
 - `record_index` maps every live record key to its file group: a commit's files add entries for the keys they
   store live, delete markers tombstone theirs, and a copy-on-write rewrite tombstones the keys its new base
   no longer holds. A compaction moves no key and records nothing; within one commit an entry wins over a
-  tombstone (a key that moves partition is deleted from the old one and written to the new one).
+  tombstone of the same key (a key deleted from one file group and written to another has moved).
+- Record-index entries carry when their commit completed: they merge in completion order, as data does.
 
 A write task computes its base files' stats and bloom filter where it writes them; whatever a file lacks
 (the partition was scheduled while the write ran) is computed here from the file.
