@@ -29,6 +29,7 @@ class BloomPlan:
     ranges: Mapping[str, Mapping[str, tuple[Any, Any]]] = field(default_factory=dict)  # partition -> base -> key range
     insert_slots: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # partition -> file ids for new keys
     global_scope: bool = False
+    moves: bool = False  # an upsert of a global index: a key arriving with another partition value moves there
 
 
 def insert_slots(partition_rows: Mapping[str, int], sizes: Mapping[str, Mapping[str, int]], bytes_per_row: float,
@@ -52,13 +53,21 @@ class BloomAssigner:
         self.locate = locate
 
     def assign(self, keys: pa.Array, partitions: pa.Array) -> Assignment:
-        """A key found in some file group stays there (in global scope even if the row names another
-        partition); a new key goes to an insert slot of its partition, or nowhere when the plan has no
-        slots (a delete of an absent key)."""
+        """A key found in some file group stays there (in global scope, a delete or insert naming another
+        partition too; an upsert there moves it when the plan says so: to an insert slot of the row's
+        partition, deleted from its file group); a new key goes to an insert slot of its partition, or
+        nowhere when the plan has no slots (a delete of an absent key)."""
         incoming = partitions.to_pylist()
         found_partition, found_file = self.locate(keys.to_pylist(), None if self.plan.global_scope else incoming)
         out_partitions = np.array(found_partition, dtype=object)
         files = np.array(found_file, dtype=object)
+        moved_from = None
+        if self.plan.moves:
+            moving = ~np.equal(files, None) & (out_partitions != np.array(incoming, dtype=object))
+            if moving.any():
+                moved_from = (pa.array(np.where(moving, out_partitions, None).tolist(), pa.string()),
+                              pa.array(np.where(moving, files, None).tolist(), pa.string()))
+                files[moving] = None  # placed below as a new key of the row's partition
         new = np.equal(files, None)
         if new.any():
             arriving = np.array(incoming, dtype=object)
@@ -71,4 +80,5 @@ class BloomAssigner:
                         raise InvalidInputError(f"no insert file group planned for partition {partition!r}")
                     mine = new & (arriving == partition)
                     files[mine] = np.array(slots, dtype=object)[hashes[mine] % len(slots)]
-        return Assignment(pa.array(out_partitions.tolist(), pa.string()), pa.array(files.tolist(), pa.string()))
+        return Assignment(pa.array(out_partitions.tolist(), pa.string()), pa.array(files.tolist(), pa.string()),
+                          moved_from)

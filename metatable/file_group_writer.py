@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from indexes.arrow_keys import hash32_array
 from indexes.consistent_hashing import RingPlan
@@ -27,7 +28,7 @@ from .record_merge import dedupe_batch, merge_versions
 from .slice_reader import live_mask, members, read_slice
 from .storage import LocalStorage, Storage
 from .table_config import DELETED_COLUMN, KEY_COLUMN
-from .write_task import FILE_ID_COLUMN, PARTITION_COLUMN, WriteTask
+from .write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, WriteTask
 from .written import NO_COUNTS, STATS_SCHEMA, stats_row
 
 
@@ -41,6 +42,11 @@ class FileGroupWriter:
         self.slice = task.slices.get((partition, file_id))
 
     def write(self, rows: pa.Table) -> list[dict]:
+        if MOVED_OUT_COLUMN in rows.column_names:  # keys moving to another partition are deleted here
+            moved_out = rows.filter(rows[MOVED_OUT_COLUMN])[KEY_COLUMN]
+            rows = rows.filter(pc.invert(rows[MOVED_OUT_COLUMN])).drop_columns([MOVED_OUT_COLUMN])
+            if len(moved_out):
+                return self._move_out(rows, moved_out)
         config, op, paths = self.config, self.task.operation, self.task.paths
         deleting = op == "delete"
         incoming = dedupe_batch(rows.drop_columns([PARTITION_COLUMN, FILE_ID_COLUMN]),
@@ -74,6 +80,31 @@ class FileGroupWriter:
         base_instant = self.task.log_base_instants.get(key, self.slice.base_instant)
         version = 1 + max((lf.version for lf in self.slice.logs if lf.base_instant == base_instant), default=0)
         return [self._write_log(incoming, counts, self.file_id, base_instant, version), *duals]
+
+    def _move_out(self, rows: pa.Table, moved_out: pa.ChunkedArray) -> list[dict]:
+        """An upsert's rows of this file group, and the keys that move from it to another partition: one new
+        log (delete markers for those) or base (without them). A move counts as a delete here and an insert
+        where the key arrives."""
+        config = self.config
+        incoming = dedupe_batch(rows.drop_columns([PARTITION_COLUMN, FILE_ID_COLUMN]), config.ordering_field)
+        markers = pa.table({KEY_COLUMN: moved_out, DELETED_COLUMN: pa.repeat(True, len(moved_out))})
+        if config.merge_on_read:
+            present = int(live_mask(self.storage, self.task.paths, config, self.slice, incoming[KEY_COLUMN]).sum())
+            counts = {**NO_COUNTS, "inserted": incoming.num_rows - present, "updated": present,
+                      "deleted": len(moved_out)}
+            key = (self.partition, self.file_id)
+            base_instant = self.task.log_base_instants.get(key, self.slice.base_instant)
+            version = 1 + max((lf.version for lf in self.slice.logs if lf.base_instant == base_instant), default=0)
+            block = pa.concat_tables([markers, incoming.append_column(DELETED_COLUMN, pa.repeat(False, len(incoming)))],
+                                     promote_options="default")
+            return [self._write_log(block, counts, self.file_id, base_instant, version)]
+        current = read_slice(self.storage, self.task.paths, config, self.slice)
+        kept = current.filter(pa.array(~members(current[KEY_COLUMN], moved_out)))
+        present = int(members(incoming[KEY_COLUMN], kept[KEY_COLUMN]).sum())
+        counts = {**NO_COUNTS, "inserted": incoming.num_rows - present, "updated": present,
+                  "deleted": len(moved_out)}
+        return [self._write_base(merge_versions([kept, incoming], config.ordering_field, config.storage_schema),
+                                 counts)]
 
     def _write_base(self, rows: pa.Table, counts: dict[str, int]) -> dict:
         written = write_base_file(self.storage, self.task.paths, self.config, self.task.instant, self.partition,

@@ -119,7 +119,8 @@ class WriteClient:
         bytes_per_row = total_bytes / rows if rows else DEFAULT_BYTES_PER_ROW
         slots = insert_slots(self.partition_rows(data), sizes, bytes_per_row,
                              config.options["write.target_file_size"], instant)
-        return BloomPlan(ranges, slots, global_scope)
+        return BloomPlan(ranges, slots, global_scope, moves=global_scope and operation == "upsert"
+                         and bool(config.partition_by))
 
     def partition_rows(self, data: Any) -> dict[str, int]:
         """Rows per partition path in the batch: a small aggregation over the partition columns only."""

@@ -16,14 +16,23 @@ from indexes.assigner import Assignment
 from .file_group_writer import write_file_group
 from .table_config import KEY_COLUMN
 from .tagging import Tagger, tag_inputs
-from .write_task import FILE_ID_COLUMN, PARTITION_COLUMN, WriteTask
+from .write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, WriteTask
 from .written import STATS_SCHEMA
 
 
 def with_tags(rows: pa.Table, keys: pa.Array, assignment: Assignment) -> pa.Table:
-    """`rows` with their key, partition path and file group; rows assigned nowhere are dropped."""
+    """`rows` with their key, partition path and file group; rows assigned nowhere are dropped. A row whose
+    key moved partition also goes, flagged `MOVED_OUT_COLUMN`, to the file group it moved out of."""
     tagged = rows.append_column(KEY_COLUMN, keys).append_column(PARTITION_COLUMN, assignment.partitions) \
         .append_column(FILE_ID_COLUMN, assignment.file_ids)
+    if assignment.moved_from is not None:
+        old_partitions, old_files = assignment.moved_from
+        moved = pc.is_valid(old_files)
+        out = tagged.filter(moved).set_column(tagged.schema.get_field_index(PARTITION_COLUMN), PARTITION_COLUMN,
+                                              old_partitions.filter(moved)) \
+            .set_column(tagged.schema.get_field_index(FILE_ID_COLUMN), FILE_ID_COLUMN, old_files.filter(moved))
+        tagged = pa.concat_tables([tagged.append_column(MOVED_OUT_COLUMN, pa.repeat(False, tagged.num_rows)),
+                                   out.append_column(MOVED_OUT_COLUMN, pa.repeat(True, out.num_rows))])
     return tagged.filter(pc.is_valid(tagged[FILE_ID_COLUMN])) if tagged[FILE_ID_COLUMN].null_count else tagged
 
 

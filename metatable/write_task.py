@@ -11,6 +11,7 @@ from .table_config import TableConfig
 
 PARTITION_COLUMN = "_mt_partition"  # columns the tagger adds to each row
 FILE_ID_COLUMN = "_mt_file_id"
+MOVED_OUT_COLUMN = "_mt_moved_out"  # a copy of a row whose key moved partition, to delete it where it lived
 
 
 @dataclass(frozen=True)

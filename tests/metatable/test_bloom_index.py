@@ -52,12 +52,13 @@ def test_bloom_on_spark_and_global_scope(spark, tmp_path):
     ddl = "id long, p string, v string, ts long"
     r = table.upsert(spark.createDataFrame([(1, "a", "x", 1), (2, "b", "y", 1)], ddl))
     assert (r.inserted, r.updated) == (2, 0)
-    # global: key 1 is updated where it lives, although the row now says partition b
+    # global: key 1 now says partition b, so it moves there (deleted from a, inserted into b)
     r = table.upsert(spark.createDataFrame([(1, "b", "x2", 2), (3, "c", "z", 1)], ddl))
-    assert (r.inserted, r.updated) == (1, 1)
+    assert (r.inserted, r.updated, r.deleted) == (2, 0, 1)
     rows = sorted(table.read().collect(), key=lambda row: row.id)
     assert [(row.id, row.p, row.v) for row in rows] == [(1, "b", "x2"), (2, "b", "y"), (3, "c", "z")]
-    assert table.lookup(pa.table({"id": [1]}))["partition"].to_pylist() == ["p=a"]
+    assert table.lookup(pa.table({"id": [1]}))["partition"].to_pylist() == ["p=b"]
+    assert table.lookup(pa.table({"id": [1], "p": ["a"]}))["file_id"].to_pylist() == [None]
     table.delete(spark.createDataFrame([(2, "zzz")], "id long, p string"))  # found in any partition
     assert sorted(row.id for row in table.read().collect()) == [1, 3]
     check_metadata(table)
