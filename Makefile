@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/lookup.py --scale-factor $(BENCH_SF)
 	$(PY) benchmarks/clustering.py --scale-factor $(BENCH_SF)
 	$(PY) benchmarks/resize.py --scale-factor $(BENCH_SF)
+	$(PY) benchmarks/indexer.py --scale-factor $(BENCH_SF)
 
 clean:
 	rm -rf $(VENV) demo-data bench-data

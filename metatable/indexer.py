@@ -167,7 +167,7 @@ def execute(context: TableContext, instant: Instant, plan: dict[str, Any], spark
     with context.transactions.lock.held():
         context.transactions.recover()
         applied += apply_missed(context, instant, partitions, t, applied)
-        caught_up = context.timeline.last_time()
+        caught_up = last_completed(context)
         crash_point("indexer.ready")
         context.transactions.commit(instant, content={
             "partitions": partitions, "up_to": t, "caught_up_to": caught_up, "applied": applied, "records": counts,
@@ -176,6 +176,11 @@ def execute(context: TableContext, instant: Instant, plan: dict[str, Any], spark
         save_states(context.storage, context.paths, {**states, **dict.fromkeys(partitions, READY)})
     log.info("indexing %s: %s ready (built as of %s, %d instants caught up, current to %s) in %.1fs", instant.time,
              list(partitions), t, len(applied), caught_up, time.monotonic() - started)
+
+
+def last_completed(context: TableContext) -> str | None:
+    """The latest completed instant: what a ready index reflects (every commit maintains it)."""
+    return max((i.time for i in context.timeline.completed()), default=None)
 
 
 def ensure_building(context: TableContext, instant: Instant, partitions: dict[str, int]) -> None:
@@ -480,17 +485,13 @@ def drop(context: TableContext, partition: str) -> list[str]:
     return cancelled
 
 
-def states(context: TableContext) -> dict[str, str]:
-    return settle(context)
-
-
 def status(context: TableContext) -> list[dict[str, Any]]:
     """Per metadata index: state, file groups, records, and the instant it is current to."""
     current = settle(context)
     metadata = context.metadata
     metadata.reload_partitions()
     metadata.refresh()
-    last = context.timeline.last_time()
+    last = last_completed(context)
     pending = {p: i for i in context.timeline.pending([Action.INDEXING])
                for p in timeline_plan(context, i).get("partitions", {})}
     out = []

@@ -31,13 +31,17 @@ __all__ = ["Table", "WriteResult", "IndexConfig", "MetatableError"]
 class Table:
     def __init__(self, path: str, *, storage: Storage | None = None, options: Mapping[str, Any] | None = None) -> None:
         self.options = dict(options or {})
-        self.context = TableContext.open(path, storage, options, roll_forward={Action.CLEAN: clean.finish})
+        self._open(path, storage)
         self.path = self.context.root
         self.storage = self.context.storage
+        self.last_scan: dict[str, int] = {}
+
+    def _open(self, path: str, storage: Storage | None) -> None:
+        """Open the table's context: its config, with the index states of now, and its metadata table."""
+        self.context = TableContext.open(path, storage, self.options, roll_forward={Action.CLEAN: clean.finish})
         self.config = self.context.config
         self.metadata = self.context.metadata
         self.metadata_index = MetadataIndex(self.metadata, self.config)  # key ranges and bloom filters, cached
-        self.last_scan: dict[str, int] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
@@ -224,7 +228,7 @@ class Table:
 
     def indexes(self) -> dict[str, str]:
         """Metadata index -> "building" | "ready"."""
-        return indexer.states(self.context)
+        return indexer.settle(self.context)
 
     def index_status(self) -> list[dict[str, Any]]:
         """Per metadata index: state, file groups, records, and the instant it is current to."""
@@ -232,7 +236,7 @@ class Table:
 
     def _reopen(self) -> None:
         """See the index states of now (this object reads, looks up and tags with the ready ones)."""
-        self.__init__(self.path, storage=self.storage, options=self.options)
+        self._open(self.path, self.storage)
 
     def stats(self, as_of: str | None = None) -> list[dict[str, Any]]:
         """Per file group: rows, bytes and pending logs of its latest slice (as of a completed instant)."""
