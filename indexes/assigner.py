@@ -3,8 +3,8 @@
 An index assigns every row (record key, partition path) a partition path and a file group there: the
 bucket index computes the key's bucket, the consistent-hashing index finds the key's node on its
 partition's ring, the bloom index looks the key up and places new keys. A global index's upsert of a key that
-arrives with another partition value moves it: written to the new partition, deleted from the old one. Assigners are pure logic; whatever
-they need from storage (a lookup, a ring) the engine hands them.
+arrives with another partition value moves it: written to the new partition, deleted from the old one.
+Assigners are pure logic; whatever they need from storage (a lookup, a ring) the engine hands them.
 """
 from __future__ import annotations
 

@@ -30,6 +30,9 @@ from .timeline import Timeline
 log = logging.getLogger("metatable.cli")
 
 
+MDT_PARTITION_HELP = "metadata partition (files, bloom_filter, column_stats, hashing_meta, record_index)"
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, bytes):
         return base64.b64encode(value).decode("ascii")
@@ -564,23 +567,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_metadata_create)
     p = md.add_parser("put", parents=[verbose], help="commit one record (JSON) under a key")
     p.add_argument("path", help="the metadata table's directory")
-    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta, record_index)")
+    p.add_argument("partition", help=MDT_PARTITION_HELP)
     p.add_argument("key", help="record key")
     p.add_argument("record", help="the record as JSON")
     p.set_defaults(func=cmd_metadata_put)
     p = md.add_parser("delete", parents=[verbose], help="commit a tombstone for a key")
     p.add_argument("path", help="the metadata table's directory")
-    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta, record_index)")
+    p.add_argument("partition", help=MDT_PARTITION_HELP)
     p.add_argument("key", help="record key")
     p.set_defaults(func=cmd_metadata_delete)
     p = md.add_parser("get", parents=[verbose], help="one merged record")
     p.add_argument("path", help="the metadata table's directory")
-    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta, record_index)")
+    p.add_argument("partition", help=MDT_PARTITION_HELP)
     p.add_argument("key", help="record key")
     p.set_defaults(func=cmd_metadata_get)
     p = md.add_parser("scan", parents=[verbose], help="merged records by key prefix, in key order")
     p.add_argument("path", help="the metadata table's directory")
-    p.add_argument("partition", help="metadata partition (files, bloom_filter, column_stats, hashing_meta, record_index)")
+    p.add_argument("partition", help=MDT_PARTITION_HELP)
     p.add_argument("--prefix", default="", help="only keys starting with this")
     p.add_argument("--limit", type=int, default=0, help="records to print (0: all)")
     p.set_defaults(func=cmd_metadata_scan)

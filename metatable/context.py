@@ -73,7 +73,8 @@ class TableContext:
             metadata = MetadataTable.create(paths.metadata.root, config.metadata_partitions(), options=mdt_options,
                                             storage=storage, authority=timeline)
         transactions = Transactions(timeline, DataUndo(storage, paths, metadata), name="table",
-                                    writes=WRITE_ACTIONS, services=[Action.COMPACTION, Action.REPLACECOMMIT, Action.INDEXING],
+                                    writes=WRITE_ACTIONS,
+                                    services=[Action.COMPACTION, Action.REPLACECOMMIT, Action.INDEXING],
                                     others=lambda: [metadata.timeline])
         context = cls(paths, storage, config, timeline, metadata, transactions)
         for action, finish in (roll_forward or {}).items():

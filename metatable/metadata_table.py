@@ -132,8 +132,8 @@ class MetadataTable:
         self._groups, self._listings = {}, {}
 
     def remove_partition(self, partition: str, wait_s: float = 60.0) -> None:
-        """Forget a partition, then delete its files once no metadata compaction planned before is still
-        writing there (readers that still hold it fail on a missing file)."""
+        """Forget a partition, then delete its files once no metadata compaction that planned it is still
+        running (up to `wait_s`; readers that still hold the partition fail on a missing file)."""
         with self.lock.held():
             self.layout.reload()
             self.layout.save({p: n for p, n in self.layout.partitions.items() if p != partition})
@@ -142,8 +142,8 @@ class MetadataTable:
         while _time.monotonic() < deadline:
             with self.lock.held():
                 self.transactions.recover()
-                busy = [i for i in self.timeline.pending([Action.COMPACTION])
-                        if any(e["partition"] == partition for e in self.timeline.plan(i)["file_groups"].values())]
+                busy = [i for i in self.timeline.pending([Action.COMPACTION]) if i.state is State.INFLIGHT
+                        and any(e["partition"] == partition for e in self.timeline.plan(i)["file_groups"].values())]
             if not busy:
                 break
             _time.sleep(0.05)

@@ -88,7 +88,8 @@ def expected(table: mt.Table) -> dict[str, dict]:
         if fs.base:
             path = table.context.paths.file(partition, fs.base.file_name)
             data = pq.read_table(path)
-            stats = file_column_stats(data, config.stats_columns(), partition, fs.base.file_name, pq.read_metadata(path))
+            stats = file_column_stats(data, config.stats_columns(), partition, fs.base.file_name,
+                                      pq.read_metadata(path))
             out["column_stats"].update({k: {f: v for f, v in r.items() if f != "resets"} for k, r in stats.items()})
             bloom = BloomFilter.build(data[KEY_COLUMN], config.options["index.bloom.fpp"]).to_bytes()
             out["bloom_filter"][bloom_filter_key(partition, fs.base.file_name)] = bloom
