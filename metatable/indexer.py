@@ -45,8 +45,8 @@ from .base_file import PARQUET, BaseFile
 from .context import TableContext
 from .data_commit import completed_at, superseded_bases
 from .errors import IndexingAborted, InvalidInputError
-from .file_slice import FileSlice
 from .faults import crash_point
+from .file_slice import FileSlice
 from .index_records import INDEX_PARTITIONS, Change, change_records, entry_of, slice_records
 from .index_states import BASE_TOKEN, catch_up_token, save_states
 from .instant import Action, Instant, State
