@@ -37,12 +37,11 @@ from .metadata_records import KINDS
 from .paths import TablePaths
 from .slice_reader import key_column, members
 from .storage import Storage
-from .table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
+from .table_config import DELETED_COLUMN, KEY_COLUMN, METADATA_INDEXES, TableConfig
 from .written import WrittenFile
 
 Records = dict[str, dict[str, Any]]  # key -> record (None: a tombstone)
 FileGroup = tuple[str, str]
-INDEX_PARTITIONS = ("column_stats", "bloom_filter", "record_index")
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ def change_records(storage: Storage, paths: TablePaths, config: TableConfig, ins
                    partitions: Iterable[str]) -> dict[str, Records | Entries]:
     """The records of `change` in each of the given metadata index partitions."""
     wanted = set(partitions)
-    out: dict[str, Records | Entries] = {p: {} for p in INDEX_PARTITIONS if p in wanted}
+    out: dict[str, Records | Entries] = {p: {} for p in METADATA_INDEXES if p in wanted}
     if wanted & {"column_stats", "bloom_filter"}:
         columns = config.stats_columns()
         for (partition, _), name in sorted(change.superseded.items()):

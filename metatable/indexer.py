@@ -47,7 +47,7 @@ from .data_commit import completed_at, superseded_bases
 from .errors import IndexingAborted, InvalidInputError
 from .faults import crash_point
 from .file_slice import FileSlice
-from .index_records import INDEX_PARTITIONS, Change, change_records, entry_of, slice_records
+from .index_records import Change, change_records, entry_of, slice_records
 from .index_states import BASE_TOKEN, catch_up_token, save_states
 from .instant import Action, Instant, State
 from .lifecycle import Service, run_pending
@@ -59,7 +59,7 @@ from .paths import TablePaths
 from .spark_engine import shuffle_sorted
 from .sst_file import write_sst
 from .storage import Storage
-from .table_config import BUILDING, READY, TableConfig
+from .table_config import BUILDING, METADATA_INDEXES, READY, TableConfig
 from .timeline_view import DATA_ACTIONS
 from .written import WrittenFile
 
@@ -121,9 +121,9 @@ def schedule(context: TableContext, partitions: Sequence[str]) -> str:
     partitions = list(dict.fromkeys(partitions))
     if not partitions:
         raise InvalidInputError("schedule_indexing needs at least one metadata partition, e.g. ['record_index']")
-    unknown = [p for p in partitions if p not in INDEX_PARTITIONS]
+    unknown = [p for p in partitions if p not in METADATA_INDEXES]
     if unknown:
-        raise InvalidInputError(f"cannot index {unknown}: the indexer builds {list(INDEX_PARTITIONS)}")
+        raise InvalidInputError(f"cannot index {unknown}: the indexer builds {list(METADATA_INDEXES)}")
     counts = {p: options.file_groups(p, context.config.options) for p in partitions}
     transactions = context.transactions
     with transactions.lock.held():
