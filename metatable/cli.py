@@ -515,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="the table's directory")
     p.add_argument("--instant", help="this pending indexing only (default: every pending one)")
     p.add_argument("--spark", action="store_true", help="one Spark task per data file group on a local session")
-    p.add_argument("--nice", type=int, default=10, help="lower this process's CPU priority by N (default 10), so "
+    p.add_argument("--nice", type=int, default=19, help="lower this process's CPU priority by N (default 19), so "
                                                         "that writers on the same machine keep theirs; 0 keeps it")
     p.add_argument("--option", action="append", help="key=value option for this run (repeatable), e.g. "
                                                      "indexer.catchup_timeout_s=60")

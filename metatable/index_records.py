@@ -122,7 +122,10 @@ def record_index_records(storage: Storage, paths: TablePaths, config: TableConfi
                                                           unique), kind.encode(tombstone)))
         entry = entry_of(f.partition, f.file_id, instant, change.completed_at)
         entries.append(Entries.repeated(index_keys(f.partition, live, unique), kind.encode(entry)))
-    return Entries.concat(tombstones + entries)  # an entry wins over a tombstone of the same commit (a moved key)
+    # a key is in one file of a commit, unless it moved partition (a global bloom or record index): then its
+    # entry wins over its tombstone
+    moves = unique and bool(config.partition_by) and config.index.type != "bucket"
+    return Entries.concat(tombstones + entries, may_repeat=moves)
 
 
 def key_schema(config: TableConfig) -> pa.Schema:

@@ -226,13 +226,13 @@ class MetadataTable:
 
     def _plan_logs(self, time: str, encoded: Mapping[str, Entries],
                    token: str | None = None) -> list[tuple[str, LogFile, Entries]]:
-        """(partition, log name, entries sorted by key) of each file group the entries go to."""
+        """(partition, log name, entries) of each file group the entries go to."""
         compactions = Snapshot.of(self.timeline, None if self.standalone else self.authority).compactions
         pending = pending_compaction_plans(self.timeline, None if self.standalone else self.authority)
         planned = []
         for partition, entries in encoded.items():
             groups = hash32_array(entries.keys) % self.partitions[partition]
-            order = np.argsort(groups, kind="stable")  # grouped, and still sorted by key within a group
+            order = np.argsort(groups, kind="stable")
             bounds = np.flatnonzero(np.diff(groups[order])) + 1
             runs = {int(groups[run[0]]): run for run in np.split(order, bounds) if len(run)}
             names = self.layout.next_logs(partition, runs, time, compactions, pending, token)
@@ -276,13 +276,12 @@ class MetadataTable:
             self.clean()
 
     def _encode(self, partition: str, records: Mapping[str, Record | None] | Entries) -> Entries:
-        """The records as encoded entries sorted by key (None: a tombstone); entries pass through."""
+        """The records as encoded entries (None: a tombstone); entries pass through."""
         if isinstance(records, Entries):
             keys = records.keys
             if keys.null_count or pc.any(pc.equal(pc.binary_length(keys), 0)).as_py():
                 raise InvalidInputError(f"metadata keys are non-empty strings; {partition} entries have an empty one")
-            ordered = len(keys) < 2 or pc.all(pc.less(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py()
-            return records if ordered else Entries.concat([records])
+            return records
         kind = self.kind(partition)
         tombstone = kind.tombstone()
         out = []
@@ -292,7 +291,7 @@ class MetadataTable:
                 out.append((key, kind.encode(tombstone if record is None else record)))
             except (ValueError, TypeError, KeyError, AttributeError, fastavro.validation.ValidationError) as e:
                 raise InvalidInputError(f"record for key {key!r} does not fit the {partition} schema: {e}") from None
-        return Entries.concat([Entries.of(out)])
+        return Entries.of(out)
 
     def _check_successors(self, records: Mapping[str, Mapping[str, Record | None] | Entries]) -> None:
         for partition, recs in records.items():
