@@ -214,15 +214,20 @@ def test_record_index_type_tags_through_the_record_index(tmp_path):
 
 # -- scenarios -----------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_a_writers_upsert_for_the_whole_indexing(tmp_path):
+def test_a_writers_upsert_for_the_whole_indexing(tmp_path, monkeypatch):
     root = str(tmp_path / "t")
     make(root)
     writers = [writer(root, seed, 8) for seed in (0, 1)]
     time.sleep(1.5)
+    monkeypatch.setenv("METATABLE_PAUSE_AT", "indexer.built:1")  # this process's indexer: writers commit meanwhile
     table = mt.Table.open(root, options=OPTIONS)
-    table.schedule_indexing(ALL)
+    indexing = table.schedule_indexing(ALL)
     table.run_indexing()
     assert all(json.loads(succeeded(w)) > 3 for w in writers)
+    timeline = table.context.timeline
+    caught_up = last_indexing(table)["caught_up_to"]
+    during = [i for i in timeline.completed([Action.DELTACOMMIT]) if indexing < i.time <= caught_up]
+    assert during and all(timeline.read_json(i)["indexes"] == sorted(ALL) for i in during)  # they wrote them
     check_all(root, tmp_path)
 
 
