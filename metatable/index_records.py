@@ -99,33 +99,37 @@ def base_file_records(storage: Storage, paths: TablePaths, config: TableConfig, 
 
 def record_index_records(storage: Storage, paths: TablePaths, config: TableConfig, instant: str,
                          change: Change) -> Entries:
-    """Encoded entries, columnar (`log_file.Entries`): every key of a file shares its file group's entry."""
+    """Encoded entries, columnar (`log_file.Entries`): every key of a file shares its file group's entry.
+    Within one commit a later file of a file group wins (a resize's adopted logs after its new base); a key
+    that moved partition (a global bloom or record index) has its entry win over its tombstone."""
     kind = KINDS["record_index"]
+    unique = config.keys_unique_across_partitions
     tombstones: list[Entries] = []
     entries: list[Entries] = []
-    unique = config.keys_unique_across_partitions
+    in_order: list[Entries] = []
     for f in change.files:
         path = paths.file(f.partition, f.file_name)
+        tombstone = kind.encode(entry_of(f.partition, "", instant, change.completed_at, deleted=True))
+        gone = None
         if f.file_name.endswith("." + PARQUET):
             live = key_column(path)[0]
             previous = change.superseded.get((f.partition, f.file_id))
             if change.action is Action.COMMIT and previous is not None:  # a copy-on-write rewrite
                 old = key_column(paths.file(f.partition, previous))[0]
                 gone = old.filter(pa.array(~members(old, live)))
-                tombstone = entry_of(f.partition, "", instant, change.completed_at, deleted=True)
-                tombstones.append(Entries.repeated(index_keys(f.partition, gone, unique), kind.encode(tombstone)))
         else:
             rows = read_data_log(storage, path, key_schema(config))[1]
             live = rows.filter(pc.invert(rows[DELETED_COLUMN]))[KEY_COLUMN]
-            tombstone = entry_of(f.partition, "", instant, change.completed_at, deleted=True)
-            tombstones.append(Entries.repeated(index_keys(f.partition, rows.filter(rows[DELETED_COLUMN])[KEY_COLUMN],
-                                                          unique), kind.encode(tombstone)))
-        entry = entry_of(f.partition, f.file_id, instant, change.completed_at)
-        entries.append(Entries.repeated(index_keys(f.partition, live, unique), kind.encode(entry)))
-    # a key is in one file of a commit, unless it moved partition (a global bloom or record index): then its
-    # entry wins over its tombstone
-    moves = unique and bool(config.partition_by) and config.index.type != "bucket"
-    return Entries.concat(tombstones + entries, may_repeat=moves)
+            gone = rows.filter(rows[DELETED_COLUMN])[KEY_COLUMN]
+        removed = [Entries.repeated(index_keys(f.partition, gone, unique), tombstone)] if gone is not None else []
+        added = Entries.repeated(index_keys(f.partition, live, unique),
+                                 kind.encode(entry_of(f.partition, f.file_id, instant, change.completed_at)))
+        tombstones += removed
+        entries.append(added)
+        in_order += [*removed, added]
+    if unique and config.partition_by and config.index.type != "bucket":  # keys may move partition
+        return Entries.concat(tombstones + entries, may_repeat=True)
+    return Entries.concat(in_order, may_repeat=False)  # a log block's later entry of a key wins on read
 
 
 def key_schema(config: TableConfig) -> pa.Schema:

@@ -27,6 +27,7 @@ from metatable.schemas import schema
 
 from .table_model import SCHEMA, TableModel, check_metadata, rows_strategy, sort_rows
 from .test_clustering import model_of
+from .test_indexer import expected, stored
 from .test_write_concurrency import act, all_succeed, child, finished, rows
 
 BASE = {"heartbeat.interval_s": 0.05, "heartbeat.tolerable_misses": 2, "clean.retain_commits": 3,
@@ -45,7 +46,8 @@ def ch_index(n: int = 2) -> mt.IndexConfig:
 def create(root: str, table_type: str = "merge_on_read", partitioned: bool = True, buckets: int = 2,
            options: dict | None = None) -> mt.Table:
     return mt.Table.create(root, SCHEMA, "id", "p" if partitioned else None, "ts", table_type=table_type,
-                           index=ch_index(buckets), options={**BASE, **(options or {})})
+                           index=ch_index(buckets), metadata_indexes=["column_stats", "record_index"],
+                           options={**BASE, **(options or {})})
 
 
 def with_options(table: mt.Table, options: dict) -> mt.Table:
@@ -81,10 +83,11 @@ def check_seq_nos(table: mt.Table) -> None:
 
 
 def check_all(table: mt.Table, model: TableModel) -> None:
-    """Snapshot, placement and metadata of a partitioned table."""
+    """Snapshot, placement and metadata of a partitioned table (its record index too: a resize moves keys)."""
     assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
     check_placement(table, True)
     check_metadata(table)
+    assert stored(table, "record_index") == expected(table)["record_index"]
 
 
 step_strategy = st.one_of(
