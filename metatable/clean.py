@@ -12,15 +12,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from indexes.column_stats import tombstones
-from indexes.keys import bloom_filter_key
-
 from .base_file import PARQUET, BaseFile
 from .log_file import LogFile
 from .file_slice import parse_names
 from .conflicts import Committer
 from .context import TableContext
 from .data_commit import Commit, commit, completed_at, files_record
+from .index_records import cleaned_bases, removed_bases_records
 from .instant import Action, Instant, datetime_from_time
 from .lifecycle import Service, run_due
 from .timeline_view import DATA_ACTIONS, WRITE_ACTIONS
@@ -97,14 +95,10 @@ def execute(context: TableContext, instant: Instant, plan: Content) -> None:
     for partition, names in doomed.items():
         for name in names:
             context.storage.delete(context.paths.file(partition, name))
-    records: dict[str, dict[str, Any]] = {"files": {}, "column_stats": {}, "bloom_filter": {}}
-    columns = context.config.stats_columns()
-    for partition, names in doomed.items():
-        records["files"][partition] = files_record(dict.fromkeys(names, 0), deleted=True)
-        for name in names:
-            if name.endswith("." + PARQUET):
-                records["column_stats"].update(tombstones(columns, partition, name))
-                records["bloom_filter"][bloom_filter_key(partition, name)] = None
+    records: dict[str, dict[str, Any]] = removed_bases_records(context.config, cleaned_bases(doomed),
+                                                               ("column_stats", "bloom_filter"))
+    records["files"] = {partition: files_record(dict.fromkeys(names, 0), deleted=True)
+                        for partition, names in doomed.items()}
     seen = frozenset(i.time for i in context.timeline.completed())
     commit(context, Commit(instant, Committer.of(Action.CLEAN, context.config), (), seen, {"deleted": doomed}, records, file_groups=()))
     log.info("cleaned %d files at %s", sum(map(len, doomed.values())), instant.time)

@@ -92,7 +92,9 @@ def publish(context: TableContext, c: Commit) -> Content:
     metadata.reload_partitions()
     maintained = context.config_now().maintained  # the index states of now, whatever this writer opened with
     completed = time.time_ns()
-    change = Change(c.committer.action, files, superseded_bases(context.view(), files, c.metadata.get("replaced", {})),
+    replaced = c.metadata.get("replaced", {})
+    supersedes = maintained and (replaced or any(f.kind == "base" for f in files))  # else no view to read
+    change = Change(c.committer.action, files, superseded_bases(context.view(), files, replaced) if supersedes else {},
                     completed)
     records: dict[str, dict[str, Any]] = {"files": files_records(files),
                                           **change_records(context.storage, context.paths, context.config, time_,

@@ -24,14 +24,9 @@ class DataUndo:
 
     def describe(self, target: Instant) -> Content:
         if target.action is Action.INDEXING:
-            return {"committed": False, "partitions": self.timeline_plan(target).get("partitions", {})}
+            plan = self.metadata.authority.plan_if_present(target)
+            return {"committed": False, "partitions": plan.get("partitions", {})}
         return {"committed": False}
-
-    def timeline_plan(self, target: Instant) -> Content:
-        try:
-            return self.metadata.authority.plan(target)
-        except FileNotFoundError:
-            return {}
 
     def undo(self, plan: Content, by: Instant) -> Content:
         if plan.get("action") == Action.INDEXING.value:

@@ -60,12 +60,9 @@ def change_records(storage: Storage, paths: TablePaths, config: TableConfig, ins
     wanted = set(partitions)
     out: dict[str, Records | Entries] = {p: {} for p in METADATA_INDEXES if p in wanted}
     if wanted & {"column_stats", "bloom_filter"}:
-        columns = config.stats_columns()
-        for (partition, _), name in sorted(change.superseded.items()):
-            if "column_stats" in out:
-                out["column_stats"].update(tombstones(columns, partition, name))
-            if "bloom_filter" in out:
-                out["bloom_filter"][bloom_filter_key(partition, name)] = None
+        gone = sorted((partition, name) for (partition, _), name in change.superseded.items())
+        for p, recs in removed_bases_records(config, gone, wanted).items():
+            out[p].update(recs)
         for f in change.files:
             if f.kind == "base":
                 for p, recs in base_file_records(storage, paths, config, f, wanted).items():
@@ -73,6 +70,27 @@ def change_records(storage: Storage, paths: TablePaths, config: TableConfig, ins
     if "record_index" in out and change.action is not Action.COMPACTION:
         out["record_index"] = record_index_records(storage, paths, config, instant, change)
     return {p: recs for p, recs in out.items() if recs}
+
+
+def removed_bases_records(config: TableConfig, bases: Iterable[tuple[str, str]],
+                          partitions: Iterable[str]) -> dict[str, Records]:
+    """Tombstones of the column_stats and bloom_filter records of base files (partition, name) that are no
+    longer the latest of their file group, or were cleaned."""
+    wanted = set(partitions)
+    out: dict[str, Records] = {p: {} for p in ("column_stats", "bloom_filter") if p in wanted}
+    columns = config.stats_columns()
+    for partition, name in bases:
+        if "column_stats" in out:
+            out["column_stats"].update(tombstones(columns, partition, name))
+        if "bloom_filter" in out:
+            out["bloom_filter"][bloom_filter_key(partition, name)] = None
+    return out
+
+
+def cleaned_bases(deleted: Mapping[str, Iterable[str]]) -> list[tuple[str, str]]:
+    """(partition, name) of the base files among a clean's deleted files (partition -> names)."""
+    return [(partition, name) for partition, names in deleted.items() for name in names
+            if name.endswith("." + PARQUET)]
 
 
 def base_file_records(storage: Storage, paths: TablePaths, config: TableConfig, f: WrittenFile,

@@ -37,8 +37,7 @@ import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
 from indexes.arrow_keys import hash32_array
-from indexes.column_stats import tombstones
-from indexes.keys import bloom_filter_key, hash32, record_index_key
+from indexes.keys import hash32, record_index_key
 
 from . import config as options
 from .base_file import PARQUET, BaseFile
@@ -47,7 +46,8 @@ from .data_commit import completed_at, superseded_bases
 from .errors import IndexingAborted, InvalidInputError
 from .faults import crash_point
 from .file_slice import FileSlice
-from .index_records import Change, change_records, entry_of, slice_records
+from .index_records import (Change, change_records, cleaned_bases, entry_of, removed_bases_records,
+                            slice_records)
 from .index_states import BASE_TOKEN, catch_up_token, save_states
 from .instant import Action, Instant, State
 from .lifecycle import Service, run_pending
@@ -81,7 +81,7 @@ def settle(context: TableContext) -> dict[str, str]:
         latest: dict[str, Instant] = {}
         for instant in timeline.instants():
             if instant.action is Action.INDEXING:
-                for p in timeline_plan(context, instant).get("partitions", {}):
+                for p in indexed_partitions(context, instant):
                     latest[p] = instant
         changed = dict(states)
         for p in building:
@@ -97,11 +97,11 @@ def settle(context: TableContext) -> dict[str, str]:
         return changed
 
 
-def timeline_plan(context: TableContext, instant: Instant) -> dict[str, Any]:
-    try:
-        return context.timeline.plan(instant) if not instant.is_completed else context.timeline.read_json(instant)
-    except FileNotFoundError:
-        return {}
+def indexed_partitions(context: TableContext, instant: Instant) -> dict[str, int]:
+    """The partitions an indexing builds (its plan) or built (its commit metadata)."""
+    timeline = context.timeline
+    meta = timeline.read_json(instant) if instant.is_completed else timeline.plan_if_present(instant)
+    return meta.get("partitions", {})
 
 
 # -- schedule ---------------------------------------------------------------------------------------------
@@ -436,15 +436,7 @@ def instant_records(context: TableContext, instant: Instant, meta: dict[str, Any
     """What a completed instant would have written to `partitions`, from its commit metadata and files."""
     config = context.config
     if instant.action is Action.CLEAN:
-        out: dict[str, dict[str, Any]] = {p: {} for p in partitions if p != "record_index"}
-        for partition, names in meta.get("deleted", {}).items():
-            for name in names:
-                if name.endswith("." + PARQUET):
-                    if "column_stats" in out:
-                        out["column_stats"].update(tombstones(config.stats_columns(), partition, name))
-                    if "bloom_filter" in out:
-                        out["bloom_filter"][bloom_filter_key(partition, name)] = None
-        return out
+        return removed_bases_records(config, cleaned_bases(meta["deleted"]), partitions)
     files = [written_file(context, relative) for relative in meta.get("files", [])]
     before = [i.time for i in context.timeline.completed(DATA_ACTIONS) if i.time < instant.time]
     view = context.view(as_of=before[-1]) if before else None
@@ -477,7 +469,7 @@ def drop(context: TableContext, partition: str) -> list[str]:
         crash_point("indexer.drop")
         cancelled = []
         for instant in context.timeline.pending([Action.INDEXING]):
-            if partition in timeline_plan(context, instant).get("partitions", {}):
+            if partition in indexed_partitions(context, instant):
                 transactions.rollback(instant)
                 cancelled.append(instant.time)
     context.metadata.remove_partition(partition)
@@ -493,7 +485,7 @@ def status(context: TableContext) -> list[dict[str, Any]]:
     metadata.refresh()
     last = last_completed(context)
     pending = {p: i for i in context.timeline.pending([Action.INDEXING])
-               for p in timeline_plan(context, i).get("partitions", {})}
+               for p in indexed_partitions(context, i)}
     out = []
     for partition, state in sorted(current.items()):
         row = {"partition": partition, "state": state, "file_groups": metadata.partitions.get(partition, 0)}

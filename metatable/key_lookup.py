@@ -50,20 +50,14 @@ def locate(context: TableContext, index: MetadataIndex, data: pa.Table, by_metad
     scoped = all(c in data.column_names for c in config.partition_by)
     partitions = partition_paths(data, config.partition_by).to_pylist() if scoped else None
     view = view or context.view()
-    file_ids_of = None if by_metadata else computed_file_ids(context, view)
-    locator = SliceLocator(context.storage, context.paths, config, view.file_slices, index.ranges, index.filters)
     if "record_index" in config.metadata_indexes and not by_metadata:
         explain = Explain("record_index")
-        out_partition, out_file = RecordIndex(context.metadata, config).locate(keys, partitions, view.partitions)
-        stale = [i for i, (p, f) in enumerate(zip(out_partition, out_file))
-                 if f is not None and (p, f) not in view.file_slices]
-        if stale:  # an entry of a file group a resize replaced after the write (docs/design-notes.md)
-            again = locator.locate([keys[i] for i in stale], [partitions[i] for i in stale] if partitions else None,
-                                   file_ids_of, explain)
-            for i, p, f in zip(stale, *again):
-                out_partition[i], out_file[i] = p, f
+        every = view.partitions if partitions is None and not config.keys_unique_across_partitions else ()
+        out_partition, out_file = RecordIndex(context.metadata, config).locate(keys, partitions, every)
     else:
+        file_ids_of = None if by_metadata else computed_file_ids(context, view)
         explain = Explain("bucket" if file_ids_of else "metadata (column_stats ranges, bloom filters)")
+        locator = SliceLocator(context.storage, context.paths, config, view.file_slices, index.ranges, index.filters)
         out_partition, out_file = locator.locate(keys, partitions, file_ids_of, explain)
     result = pa.table({"key": pa.array(keys, pa.string()), "partition": pa.array(out_partition, pa.string()),
                        "file_id": pa.array(out_file, pa.string())})
@@ -79,9 +73,7 @@ def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table) -> pa.
     config = context.config
     parts = []
     for group in found.group_by(["partition", "file_id"]).aggregate([("key", "list")]).to_pylist():
-        fs = view.file_slices.get((group["partition"], group["file_id"]))
-        if fs is None:
-            continue
+        fs = view.file_slices[(group["partition"], group["file_id"])]
         rows = read_slice(context.storage, context.paths, config, fs)
         held = rows.filter(pa.array(members(rows[KEY_COLUMN], pa.array(group["key_list"], pa.string()))))
         parts.append(held.select(config.schema.names).cast(config.schema))

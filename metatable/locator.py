@@ -121,7 +121,9 @@ class RecordIndex:
         self.unique = config.keys_unique_across_partitions
 
     def locate(self, keys: list[str], partitions: list[str] | None,
-               all_partitions: Sequence[str]) -> tuple[list[str | None], list[str | None]]:
+               all_partitions: Sequence[str] = ()) -> tuple[list[str | None], list[str | None]]:
+        """(partition, file id) of every key, None where absent; `partitions`: each key's, or None to search
+        `all_partitions` (needed only where keys are prefixed by their partition)."""
         n = len(keys)
         if self.unique or partitions is not None:
             wanted = record_index_keys(partitions or [""] * n, keys, self.unique)

@@ -51,7 +51,7 @@ def pending_compaction_plans(timeline: Timeline, authority: Timeline | None) -> 
     builds; logs written meanwhile belong to that slice)."""
     plans = {i.time: timeline.plan(i) for i in timeline.pending([Action.COMPACTION])}
     if authority is not None:
-        plans.update({i.time: timeline_plan(authority, i) for i in authority.pending([Action.INDEXING])})
+        plans.update({i.time: authority.plan_if_present(i) for i in authority.pending([Action.INDEXING])})
     return plans
 
 
@@ -123,7 +123,7 @@ def compaction_service(layout: MetadataLayout, transactions: Transactions, autho
         pending = sorted(i.time for i in instants if i.action is not Action.INDEXING
                          and not (authority is None and i.action is not Action.DELTACOMMIT))
         indexing = {file_id: i.time for i in instants if i.action is Action.INDEXING
-                    for file_id in timeline_plan(authority or timeline, i).get("file_groups", {})}
+                    for file_id in (authority or timeline).plan_if_present(i).get("file_groups", {})}
         groups: dict[str, Any] = {}
         listings = {p: layout.listing(p) for p in layout.partitions}
         for partition, index, file_id in layout.file_groups():
@@ -198,14 +198,6 @@ def execute_clean(layout: MetadataLayout, transactions: Transactions, instant: I
             layout.sst_cache.forget(os.path.basename(path))
     transactions.commit(instant, content=plan)
     return tuple(plan["delete"])
-
-
-def timeline_plan(timeline: Timeline, instant: Instant) -> Content:
-    """A pending instant's plan, {} if it was rolled back meanwhile."""
-    try:
-        return timeline.plan(instant)
-    except FileNotFoundError:
-        return {}
 
 
 def obsolete(file_id: str, names: list[str], compactions: frozenset[str], pending_compactions: set[str],

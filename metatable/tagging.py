@@ -37,9 +37,8 @@ def make_assigner(task: WriteTask) -> Assigner:
     metadata = MetadataTable(task.paths.metadata.root, storage=storage,
                              authority=Timeline(storage, task.paths.root))
     if config.index.type == "record":
-        index = RecordIndex(metadata, config)
-        partitions = sorted({p for p, _ in task.slices})
-        return BloomAssigner(plan, lambda keys, incoming: index.locate(keys, incoming, partitions))
+        index = RecordIndex(metadata, config)  # partitions are given, or keys unique: one read per key
+        return BloomAssigner(plan, index.locate)
     ranges = plan.ranges
 
     def pinned_ranges(files) -> dict:

@@ -98,6 +98,14 @@ class Timeline:
     def plan(self, instant: Instant) -> dict[str, Any]:
         return self.read_json(instant.to(State.REQUESTED))
 
+    def plan_if_present(self, instant: Instant) -> dict[str, Any]:
+        """A pending instant's plan; {} when it was rolled back (its files removed) since it was listed: a
+        write that wins over a clustering, or a drop that cancels an indexing, does that at any moment."""
+        try:
+            return self.plan(instant)
+        except FileNotFoundError:
+            return {}
+
     # -- writing (callers hold the lock where the docstring says so) ------------------------------
     def new_time(self, *others: Timeline) -> str:
         """A time later than every instant here and on `others`; call under the lock."""

@@ -146,12 +146,8 @@ class TimelineView:
 
     # -- pending services -------------------------------------------------------------------------------
     def plan(self, instant: Instant) -> dict[str, Any]:
-        """A pending instant's plan; {} when it was rolled back (its files removed) since this view listed it:
-        a write that wins over a clustering (`abort_clustering`) does that at any moment."""
-        try:
-            return self.timeline.plan(instant)
-        except FileNotFoundError:
-            return {}
+        """A pending instant's plan; {} when it was rolled back since this view listed it."""
+        return self.timeline.plan_if_present(instant)
 
     def busy(self) -> set[str]:
         """`partition/file_id` of the file groups that pending compactions and clusterings will rewrite."""
