@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
+import pyarrow.dataset as ds
 import pyarrow.json as pajson
-import pyarrow.parquet as pq
 
 from . import config
 from .errors import InvalidInputError, MetatableError, TableNotFoundError
@@ -134,24 +134,35 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 # -- data tables ---------------------------------------------------------------------------------
-def read_input(path: str, fmt: str | None = None, schema: pa.Schema | None = None) -> pa.Table:
-    """A Parquet, CSV or JSON (lines) file as an Arrow table; the format comes from the extension. CSV
-    columns that the table has are read as the table types them (a string column keeps `00123`), not as
-    inferred; a value that does not parse is named with its column and row."""
-    fmt = fmt or os.path.splitext(path)[1].lstrip(".").lower()
+def input_format(path: str, fmt: str | None) -> str:
+    fmt = (fmt or os.path.splitext(path)[1].lstrip(".")).lower()
     if not os.path.exists(path):
         raise InvalidInputError(f"input file {path} does not exist")
+    if fmt == "pq":
+        return "parquet"
+    if fmt in ("jsonl", "ndjson"):
+        return "json"
+    if fmt not in ("parquet", "csv", "json"):
+        raise InvalidInputError(f"unknown input format {fmt!r} for {path}; use --format parquet, csv or json")
+    return fmt
+
+
+def read_input(path: str, fmt: str | None = None, schema: pa.Schema | None = None
+               ) -> pa.Table | pa.RecordBatchReader | ds.Dataset:
+    """A Parquet file or directory (a dataset) or a CSV file (a reader), streamed by the write in chunks, or a
+    JSON-lines file as an Arrow table; the format comes from the extension. CSV columns that the table has
+    are read as the table types them (a string column keeps `00123`), not as inferred; a value that does not
+    parse is named with its column and row."""
+    fmt = input_format(path, fmt)
     try:
-        if fmt in ("parquet", "pq"):
-            return pq.read_table(path)
+        if fmt == "parquet":
+            return ds.dataset(path, format="parquet", partitioning="hive")
         if fmt == "csv":
             types = {f.name: f.type for f in schema} if schema is not None else None
-            return pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(column_types=types))
-        if fmt in ("json", "jsonl", "ndjson"):
-            return pajson.read_json(path)
+            return pacsv.open_csv(path, convert_options=pacsv.ConvertOptions(column_types=types))
+        return pajson.read_json(path)
     except pa.ArrowException as e:
         raise InvalidInputError(f"cannot read {path} as {fmt}: {e}") from None
-    raise InvalidInputError(f"unknown input format {fmt!r} for {path}; use --format parquet, csv or json")
 
 
 def parse_schema(text: str) -> pa.Schema:
@@ -194,7 +205,9 @@ def _write(args: argparse.Namespace, operation: str) -> None:
     data: Any = read_input(args.file, args.format, table.config.schema)
     if args.spark:
         from .spark_engine import spark_session
-        data = spark_session().createDataFrame(data)
+        spark = spark_session()
+        data = spark.read.parquet(args.file) if isinstance(data, ds.Dataset) else spark.createDataFrame(
+            data if isinstance(data, pa.Table) else data.read_all())
     result = getattr(table, operation)(data)
     print(f"{operation} {result.instant}: {result.inserted} inserted, {result.updated} updated, "
           f"{result.deleted} deleted, {result.skipped} skipped, {result.files_written} files in {result.seconds:.2f}s")
@@ -456,8 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "for the bloom index)")
     p.add_argument("--option", action="append", help="key=value table option (repeatable)")
     p.set_defaults(func=cmd_create)
-    for operation in ("upsert", "insert", "delete"):
-        p = sub.add_parser(operation, parents=[verbose], help=f"{operation} the rows of a Parquet, CSV or JSON file")
+    for operation in ("upsert", "insert", "bulk_insert", "delete"):
+        p = sub.add_parser(operation.replace("_", "-"), parents=[verbose],
+                           help=f"{operation.replace('_', ' ')} the rows of a Parquet, CSV or JSON file (streamed)")
         p.add_argument("path", help="the table's directory")
         p.add_argument("file", help="a Parquet, CSV or JSON-lines file" + (" with the key columns" if operation == "delete" else ""))
         p.add_argument("--format", choices=["parquet", "csv", "json"], help="input format (default: from the extension)")

@@ -6,10 +6,13 @@ what is valid.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import ConfigError
+
+THREADS = os.cpu_count() or 2  # threads of an in-process write or get: the Arrow work they do releases the GIL
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,9 @@ OPTIONS: dict[str, Option] = {
         Option("clustering.resize.writer_wait_s", float, 600.0,
                "consistent hashing: how long a resize waits for writes that began before it was planned (they "
                "cannot dual-write) before it gives up and is rolled back", minimum=0.0),
+        Option("write.chunk_rows", int, 1 << 20,
+               "an in-process write reads a stream input (Parquet path, dataset, RecordBatchReader) this many "
+               "rows at a time", minimum=1),
         Option("write.shuffle_partitions", int, 0,
                "Spark partitions of the write shuffle (0: Spark's default parallelism, one task per core)", minimum=0),
         Option("heartbeat.interval_s", float, 5.0, "how often an inflight writer refreshes its heartbeat",

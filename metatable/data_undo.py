@@ -7,6 +7,8 @@ deltacommit at the same instant. Completed data instants are never undone. An in
 """
 from __future__ import annotations
 
+import shutil
+
 from .index_states import undo_indexing
 from .instant import Action, Instant
 from .markers import clear, marked_files
@@ -36,5 +38,6 @@ class DataUndo:
         for relative in files:
             self.storage.delete(f"{self.paths.root}/{relative}")
         self.metadata.rollback(time)
+        shutil.rmtree(self.paths.spill(time), ignore_errors=True)  # a stream's input, spilled by file group
         clear(self.storage, self.paths, time)
         return {"deleted": files}

@@ -61,7 +61,7 @@ class FileGroupWriter:
         counts = {"inserted": 0, "updated": 0, "deleted": 0, "skipped": 0}
         if op == "upsert":
             counts.update(inserted=incoming.num_rows - n_present, updated=n_present)
-        elif op == "insert":
+        elif op in ("insert", "bulk_insert"):
             incoming = incoming.filter(pa.array(~is_present))
             counts.update(inserted=incoming.num_rows, skipped=n_present)
         else:

@@ -48,6 +48,10 @@ class TablePaths:
     def markers(self, instant: str) -> str:
         return os.path.join(self.meta, "markers", instant)
 
+    def spill(self, instant: str) -> str:
+        """Where an in-process write of a stream keeps its input by file group until it writes them."""
+        return os.path.join(self.meta, "spill", instant)
+
     @property
     def metadata(self) -> TablePaths:
         """The paths of a data table's metadata table."""

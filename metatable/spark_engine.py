@@ -18,8 +18,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from indexes.bloom_index import BloomPlan
-
 from .errors import InvalidInputError, MetatableError
 from .file_slice import FileSlice
 from .paths import TablePaths
@@ -113,14 +111,10 @@ def _tag_udf(task: WriteTask):
         return pa.ListArray.from_arrays(pa.array(offsets), both.take(pa.array(order)))
 
     struct = f"struct<{KEY_COLUMN}: string, {PARTITION_COLUMN}: string, {FILE_ID_COLUMN}: string>"
-    if moves_keys(task):
+    if task.moves_keys:
         listed = struct[:-1] + f", {MOVED_OUT_COLUMN}: boolean>"
         return arrow_udf(tag_list, f"array<{listed}>").asNondeterministic(), names
     return arrow_udf(tag_struct, struct).asNondeterministic(), names
-
-
-def moves_keys(task: WriteTask) -> bool:
-    return isinstance(task.index_plan, BloomPlan) and task.index_plan.moves
 
 
 def run_spark(task: WriteTask, df) -> pa.Table:
@@ -130,7 +124,7 @@ def run_spark(task: WriteTask, df) -> pa.Table:
     udf, inputs = _tag_udf(task)
     columns = df.columns
     tag = udf(*[F.col(c) for c in inputs])
-    moving = moves_keys(task)
+    moving = task.moves_keys
     tagged = df.select(*columns, (F.explode(tag) if moving else tag).alias("_mt_tag")) \
         .select(*columns, f"_mt_tag.{KEY_COLUMN}", f"_mt_tag.{PARTITION_COLUMN}", f"_mt_tag.{FILE_ID_COLUMN}",
                 *([f"_mt_tag.{MOVED_OUT_COLUMN}"] if moving else [])) \

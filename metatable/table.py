@@ -69,12 +69,21 @@ class Table:
 
     # -- writes -------------------------------------------------------------------------------------
     def upsert(self, data: Any) -> WriteResult:
-        """Insert new keys, update existing ones (the greatest ordering value wins)."""
+        """Insert new keys, update existing ones (the greatest ordering value wins). `data`: a Spark
+        DataFrame, a pyarrow Table, or a stream as for `bulk_insert`."""
         return self._write(data, "upsert")
 
     def insert(self, data: Any) -> WriteResult:
         """Insert new keys; rows whose key already exists are skipped (counted in `skipped`)."""
         return self._write(data, "insert")
+
+    def bulk_insert(self, data: Any) -> WriteResult:
+        """A load: insert, for data too big to hold. Give a stream (a Parquet path, a `pyarrow.dataset`, a
+        `RecordBatchReader`) and it is read in chunks of `write.chunk_rows` and written one file group at a
+        time, so memory follows the chunk and file-group sizes, not the input's. Keys that exist are skipped
+        as by `insert` (Hudi's bulk_insert would duplicate them); where a partition has no files yet, no key
+        is looked up."""
+        return self._write(data, "bulk_insert")
 
     def delete(self, keys: Any) -> WriteResult:
         """Delete by key: the record key columns (and partition columns, for a partitioned table)."""

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -33,14 +34,14 @@ from .spark_engine import conform_dataframe, is_dataframe, partition_counts, run
 from .table_config import KEY_COLUMN
 from .timeline_view import TimelineView, group_name
 from .write_engine import run_local
-from .write_input import as_arrow, conform
+from .write_input import WriteStream, as_arrow, conform
 from .write_task import WriteTask
 from .written import counts, written_files
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BYTES_PER_ROW = 100.0  # until a table has files to measure
-OPERATIONS = ("upsert", "insert", "delete")
+OPERATIONS = ("upsert", "insert", "bulk_insert", "delete")
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,11 @@ class WriteClient:
         started = time.monotonic()
         context, config = self.context, self.context.config
         on_spark = is_dataframe(data)
-        data = conform_dataframe(data, config, operation) if on_spark else conform(as_arrow(data), config, operation)
+        if on_spark:
+            data = conform_dataframe(data, config, operation)
+        else:
+            data = as_arrow(data)
+            data = conform(data, config, operation) if isinstance(data, pa.Table) else data.conformed(config, operation)
         transactions = context.transactions
         with transactions.lock.held():
             instant = transactions.begin(self.action, {"operation": operation})
@@ -82,7 +87,12 @@ class WriteClient:
                 else self.bloom_plan(view, data, operation, instant.time)
             task = WriteTask(context.paths, config, instant.time, operation, view.file_slices,
                              view.log_base_instants(), plan)
-            rows = (run_spark(task, data) if on_spark else run_local(task, data)).to_pylist()
+            if on_spark:
+                stats = run_spark(task, data)
+            else:
+                stream = data if isinstance(data, pa.Table) else data.chunks(config.options["write.chunk_rows"])
+                stats = run_local(task, stream, context.paths.spill(instant.time))
+            rows = stats.to_pylist()
             crash_point("table.write.files")
             files, tally = written_files(rows), counts(rows)
             commit(context, Commit(instant, Committer.of(self.action, config), files,
@@ -117,17 +127,19 @@ class WriteClient:
             if "column_stats" in config.metadata_indexes else {}
         rows = sum(r["value_count"] for r in stats.values())
         bytes_per_row = total_bytes / rows if rows else DEFAULT_BYTES_PER_ROW
-        slots = insert_slots(self.partition_rows(data), sizes, bytes_per_row,
+        slots = insert_slots(self.partition_rows(data, instant), sizes, bytes_per_row,
                              config.options["write.target_file_size"], instant)
         return BloomPlan(ranges, slots, global_scope, moves=global_scope and operation == "upsert"
                          and bool(config.partition_by))
 
-    def partition_rows(self, data: Any) -> dict[str, int]:
+    def partition_rows(self, data: Any, instant: str) -> dict[str, int]:
         """Rows per partition path in the batch: a small aggregation over the partition columns only."""
         config = self.context.config
         cols = list(config.partition_by)
         if is_dataframe(data):
             tally = partition_counts(data, cols)
+        elif isinstance(data, WriteStream):
+            tally = data.partition_counts(cols, os.path.join(self.context.paths.spill(instant), "input.arrow"))
         elif cols:
             tally = data.group_by(cols).aggregate([([], "count_all")]).rename_columns([*cols, "count"])
         else:

@@ -5,7 +5,12 @@ The same functions run in-process for a pyarrow input (`run_local`) and inside S
 """
 from __future__ import annotations
 
-from typing import Iterator
+import os
+import shutil
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -13,6 +18,7 @@ import pyarrow.compute as pc
 
 from indexes.assigner import Assignment
 
+from .config import THREADS
 from .file_group_writer import write_file_group
 from .table_config import KEY_COLUMN
 from .tagging import Tagger, tag_inputs
@@ -20,33 +26,55 @@ from .write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, Writ
 from .written import STATS_SCHEMA
 
 
-def with_tags(rows: pa.Table, keys: pa.Array, assignment: Assignment) -> pa.Table:
-    """`rows` with their key, partition path and file group; rows assigned nowhere are dropped. A row whose
-    key moved partition also goes, flagged `MOVED_OUT_COLUMN`, to the file group it moved out of."""
+def with_tags(task: WriteTask, rows: pa.Table, keys: pa.Array, assignment: Assignment) -> pa.Table:
+    """`rows` with their key, partition path and file group; rows assigned nowhere are dropped. When the
+    task moves keys, a row whose key moved partition also goes, flagged `MOVED_OUT_COLUMN`, to the file group
+    it moved out of (every row carries the flag, so the chunks of a stream share one schema)."""
     tagged = rows.append_column(KEY_COLUMN, keys).append_column(PARTITION_COLUMN, assignment.partitions) \
         .append_column(FILE_ID_COLUMN, assignment.file_ids)
-    if assignment.moved_from is not None:
-        old_partitions, old_files = assignment.moved_from
-        moved = pc.is_valid(old_files)
-        out = tagged.filter(moved).set_column(tagged.schema.get_field_index(PARTITION_COLUMN), PARTITION_COLUMN,
-                                              old_partitions.filter(moved)) \
-            .set_column(tagged.schema.get_field_index(FILE_ID_COLUMN), FILE_ID_COLUMN, old_files.filter(moved))
-        tagged = pa.concat_tables([tagged.append_column(MOVED_OUT_COLUMN, pa.repeat(False, tagged.num_rows)),
-                                   out.append_column(MOVED_OUT_COLUMN, pa.repeat(True, out.num_rows))])
+    if task.moves_keys:
+        tagged = tagged.append_column(MOVED_OUT_COLUMN, pa.repeat(False, tagged.num_rows))
+        if assignment.moved_from is not None:
+            old_partitions, old_files = assignment.moved_from
+            moved = pc.is_valid(old_files)
+            out = tagged.filter(moved)
+            out = out.set_column(out.schema.get_field_index(PARTITION_COLUMN), PARTITION_COLUMN,
+                                 old_partitions.filter(moved)) \
+                .set_column(out.schema.get_field_index(FILE_ID_COLUMN), FILE_ID_COLUMN, old_files.filter(moved)) \
+                .set_column(out.schema.get_field_index(MOVED_OUT_COLUMN), MOVED_OUT_COLUMN,
+                            pa.repeat(True, out.num_rows))
+            tagged = pa.concat_tables([tagged, out])
     return tagged.filter(pc.is_valid(tagged[FILE_ID_COLUMN])) if tagged[FILE_ID_COLUMN].null_count else tagged
 
 
-def split_by_file_group(tagged: pa.Table, presorted: bool = False) -> Iterator[pa.Table]:
-    """The rows of each file group, one table at a time (runs of equal file groups if `presorted`)."""
+def group_codes(tagged: pa.Table) -> np.ndarray:
+    """One integer per row naming its file group (partition path and file id), for numpy to sort: sorting
+    the two string columns with Arrow took 7.3 s of a 21.7 s SF 1 load, these codes 0.3 s."""
+    partitions = pc.dictionary_encode(tagged[PARTITION_COLUMN].combine_chunks())
+    files = pc.dictionary_encode(tagged[FILE_ID_COLUMN].combine_chunks())
+    codes = partitions.indices.to_numpy().astype(np.int64) * len(files.dictionary) + files.indices.to_numpy()
+    # numpy's stable sort is a radix sort for 16-bit integers: 0.05 s for 6M rows against 0.39 s for int64
+    return codes.astype(np.uint16) if len(codes) and codes.max() < 1 << 16 else codes
+
+
+def file_group_rows(tagged: pa.Table) -> Iterator[np.ndarray]:
+    """The row indices of each file group in `tagged`, in input order."""
     if tagged.num_rows == 0:
         return
-    if not presorted:
-        order = pc.sort_indices(tagged, sort_keys=[(PARTITION_COLUMN, "ascending"), (FILE_ID_COLUMN, "ascending")])
-        tagged = tagged.take(order)
-    group = pc.binary_join_element_wise(tagged[PARTITION_COLUMN], tagged[FILE_ID_COLUMN], "\x00").combine_chunks()
-    starts = np.flatnonzero(np.r_[True, pc.not_equal(group.slice(1), group.slice(0, len(group) - 1))
-                                  .to_numpy(zero_copy_only=False)])
-    bounds = list(starts) + [len(group)]
+    codes = group_codes(tagged)
+    order = np.argsort(codes, kind="stable")
+    ordered = codes[order]
+    bounds = [*np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]).tolist(), len(order)]
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        yield order[start:end]
+
+
+def sorted_runs(tagged: pa.Table) -> Iterator[pa.Table]:
+    """The runs of equal file groups of rows already sorted by file group (Spark's shuffle sorted them)."""
+    if tagged.num_rows == 0:
+        return
+    codes = group_codes(tagged)
+    bounds = [*np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]).tolist(), len(codes)]
     for start, end in zip(bounds[:-1], bounds[1:]):
         yield tagged.slice(start, end - start)
 
@@ -56,7 +84,7 @@ def write_sorted_batches(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> 
     pending: list[pa.Table] = []
     current = None
     for batch in batches:
-        for run in split_by_file_group(pa.Table.from_batches([batch]), presorted=True):
+        for run in sorted_runs(pa.Table.from_batches([batch])):
             key = (run[PARTITION_COLUMN][0].as_py(), run[FILE_ID_COLUMN][0].as_py())
             if key != current and pending:
                 yield from write_file_group(task, pa.concat_tables(pending)).to_batches()
@@ -67,9 +95,83 @@ def write_sorted_batches(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> 
         yield from write_file_group(task, pa.concat_tables(pending)).to_batches()
 
 
-def run_local(task: WriteTask, data: pa.Table) -> pa.Table:
-    """The whole write in this process; `data` is conformed to the table. Returns the files' statistics."""
-    keys, assignment = Tagger(task)(data.select(tag_inputs(task.config)))
-    tagged = with_tags(data, keys, assignment)
-    results = [write_file_group(task, group) for group in split_by_file_group(tagged)]
+def write_groups(task: WriteTask, groups: Iterable[Callable[[], pa.Table]]) -> pa.Table:
+    """Load and write each file group's rows, THREADS at a time, holding only those groups: taking the rows,
+    sorting, Parquet encoding and compression release the GIL. Measured at SF 1 (6M rows, 56 file groups)
+    on 2 cores, with the grouping below: 21.7 s for an in-memory load before, 7.9 s after."""
+    results: list[pa.Table] = []
+    with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-write") as pool:
+        pending: deque[Future] = deque()
+        for load in groups:
+            pending.append(pool.submit(lambda load=load: write_file_group(task, load())))
+            if len(pending) >= THREADS:
+                results.append(pending.popleft().result())
+        results += [f.result() for f in pending]
     return pa.concat_tables(results) if results else STATS_SCHEMA.empty_table()
+
+
+def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: str | None = None) -> pa.Table:
+    """The whole write in this process. `data` is conformed to the table: a Table, or a stream of chunks
+    that are tagged one at a time and spilled to `spill_dir` by file group, so that memory holds a chunk
+    and the file groups being written, not the input. Returns the files' statistics."""
+    tagger = Tagger(task)
+    inputs = tag_inputs(task.config)
+
+    def tagged(chunk: pa.Table) -> pa.Table:
+        keys, assignment = tagger(chunk.select(inputs))
+        # a take from many chunks is slow: 0.46 s against 0.04 s for a 1/56 share of SF 1
+        return with_tags(task, chunk, keys, assignment).combine_chunks()
+
+    if isinstance(data, pa.Table):
+        rows = tagged(data)
+        return write_groups(task, (partial(rows.take, group) for group in file_group_rows(rows)))
+    with GroupSpill(spill_dir) as spill:
+        for chunk in data:
+            rows = tagged(chunk)
+            for group in file_group_rows(rows):
+                spill.add(rows.take(group))
+        return write_groups(task, spill.groups())
+
+
+class GroupSpill:
+    """Tagged rows appended chunk by chunk to one local Arrow IPC file per file group (lz4), then read back
+    one file group at a time (memory-mapped). The directory is removed on exit, and by a rollback of the
+    instant if the process dies."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.writers: dict[tuple[str, str], tuple[str, pa.ipc.RecordBatchStreamWriter]] = {}
+        self.closed = False
+
+    def __enter__(self) -> GroupSpill:
+        os.makedirs(self.directory, exist_ok=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def close(self) -> None:
+        if not self.closed:
+            for _, writer in self.writers.values():
+                writer.close()
+            self.closed = True
+
+    def add(self, group: pa.Table) -> None:
+        key = (group[PARTITION_COLUMN][0].as_py(), group[FILE_ID_COLUMN][0].as_py())
+        if key not in self.writers:
+            path = os.path.join(self.directory, f"{len(self.writers):06d}.arrow")
+            options = pa.ipc.IpcWriteOptions(compression="lz4")
+            self.writers[key] = (path, pa.ipc.new_stream(path, group.schema, options=options))
+        self.writers[key][1].write_table(group)
+
+    def groups(self) -> Iterator[Callable[[], pa.Table]]:
+        """A loader of each file group's rows (one table, read back when a writer thread calls it)."""
+        self.close()
+        for path, _ in self.writers.values():
+            yield partial(read_spilled, path)
+
+
+def read_spilled(path: str) -> pa.Table:
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_stream(source).read_all().combine_chunks()

@@ -1,21 +1,120 @@
-"""A write's input checked against the table before anything is written: columns and types, conformed once."""
+"""A write's input checked against the table before anything is written: columns and types, conformed once.
+
+In-process writes take a pyarrow Table, or a stream read in chunks (`WriteStream`): a
+`pyarrow.RecordBatchReader`, a `pyarrow.dataset.Dataset`, or the path of a Parquet file or directory.
+"""
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from .errors import InvalidInputError
 from .table_config import TableConfig
 
 
-def as_arrow(data: Any) -> pa.Table:
+def as_arrow(data: Any) -> pa.Table | WriteStream:
+    """A pyarrow Table as it is, or a stream to read in chunks."""
     if isinstance(data, pa.Table):
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
-    raise InvalidInputError(f"write data must be a Spark DataFrame or a pyarrow Table, got {type(data).__name__}")
+    if isinstance(data, (pa.RecordBatchReader, ds.Dataset)):
+        return WriteStream(data)
+    if isinstance(data, (str, os.PathLike)):
+        if not os.path.exists(data):
+            raise InvalidInputError(f"write input {os.fspath(data)} does not exist")
+        try:
+            return WriteStream(ds.dataset(data, format="parquet", partitioning="hive"))
+        except (pa.ArrowInvalid, OSError) as e:
+            raise InvalidInputError(f"cannot read {os.fspath(data)} as Parquet: {e}") from None
+    raise InvalidInputError("write data must be a Spark DataFrame, a pyarrow Table, RecordBatchReader or "
+                            f"Dataset, or the path of a Parquet file or directory; got {type(data).__name__}")
+
+
+class WriteStream:
+    """An input read in chunks, conformed chunk by chunk, so memory holds one chunk whatever the input's size.
+    A Dataset (or Parquet path) can be read twice; a RecordBatchReader is read once, so a write that must
+    count its rows per partition first (the bloom and record indexes plan insert file groups) spools it to
+    local disk as it counts."""
+
+    def __init__(self, source: pa.RecordBatchReader | ds.Dataset, config: TableConfig | None = None,
+                 operation: str = "") -> None:
+        self.source = source
+        self.config = config
+        self.operation = operation
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.source.schema
+
+    def conformed(self, config: TableConfig, operation: str) -> WriteStream:
+        """This stream, its chunks conformed to the table; raises now for missing or mistyped columns."""
+        conformed_schema(self.schema, config, operation)
+        return WriteStream(self.source, config, operation)
+
+    def _batches(self, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+        if isinstance(self.source, ds.Dataset):
+            return self.source.to_batches(columns=columns)
+        return iter(self.source)
+
+    def chunks(self, rows: int) -> Iterator[pa.Table]:
+        try:
+            for chunk in rechunk(self._batches(), rows):
+                yield conform(chunk, self.config, self.operation) if self.config else chunk
+        except (pa.ArrowInvalid, OSError) as e:  # a CSV value that does not parse, a damaged Parquet file
+            raise InvalidInputError(f"cannot read the write's input: {e}") from None
+
+    def partition_counts(self, columns: list[str], spool: str) -> pa.Table:
+        """Rows per value of the partition columns (a `count` column), reading only those columns of a
+        Dataset; a RecordBatchReader is written to `spool` (an Arrow file) as it is counted and is read
+        from there afterwards."""
+        if isinstance(self.source, ds.Dataset):
+            return tally(self.source.to_batches(columns=columns), self.schema, columns)
+        os.makedirs(os.path.dirname(spool), exist_ok=True)
+
+        def spooled() -> Iterator[pa.RecordBatch]:
+            options = pa.ipc.IpcWriteOptions(compression="lz4")
+            with pa.ipc.new_file(spool, self.schema, options=options) as out:
+                for batch in self.source:
+                    out.write_batch(batch)
+                    yield batch
+
+        counts = tally(spooled(), self.schema, columns)
+        self.source = ds.dataset(spool, format="ipc")
+        return counts
+
+
+def tally(batches: Iterable[pa.RecordBatch], schema: pa.Schema, columns: list[str]) -> pa.Table:
+    """Rows per value of `columns` over a stream of batches, one batch at a time."""
+    if not columns:
+        return pa.table({"count": [sum(b.num_rows for b in batches)]})
+    parts = [pa.Table.from_batches([b]).select(columns).group_by(columns).aggregate([([], "count_all")])
+             .rename_columns([*columns, "count"]) for b in batches if b.num_rows]
+    if not parts:
+        return pa.table([pa.array([], schema.field(c).type) for c in columns] + [pa.array([], pa.int64())],
+                        names=[*columns, "count"])
+    return pa.concat_tables(parts).group_by(columns).aggregate([("count", "sum")]) \
+        .rename_columns([*columns, "count"])
+
+
+def rechunk(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
+    """Tables of about `rows` rows (at least, but the last) from batches of any size."""
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pa.Table.from_batches(pending)
+            pending, count = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)
 
 
 def needed_columns(config: TableConfig, operation: str) -> list[str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from indexes.bloom_index import BloomPlan
+
 from .file_slice import FileSlice
 from .paths import TablePaths
 from .table_config import TableConfig
@@ -23,3 +25,9 @@ class WriteTask:
     slices: Mapping[tuple[str, str], FileSlice] = field(default_factory=dict)
     log_base_instants: Mapping[tuple[str, str], str] = field(default_factory=dict)  # pending compactions
     index_plan: Any = None  # what the index pinned on the driver: BloomPlan, BucketLayout or RingPlan
+
+    @property
+    def moves_keys(self) -> bool:
+        """Whether an upsert may move a key to another partition (global bloom or record index): its rows
+        then carry MOVED_OUT_COLUMN."""
+        return isinstance(self.index_plan, BloomPlan) and self.index_plan.moves

@@ -129,9 +129,12 @@ INDEXES = {"bucket": mt.IndexConfig(num_buckets=2), "bloom": mt.IndexConfig(type
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
 @pytest.mark.parametrize("index", sorted(INDEXES))
 @settings(max_examples=10, deadline=None)
-@given(ops=st.lists(operation_strategy, min_size=1, max_size=5), compact_at=st.integers(0, 5))
-def test_get_equals_the_model(table_type, index, ops, compact_at):
-    """Table.get returns exactly the rows of the keys that exist, through each index."""
+@given(ops=st.lists(operation_strategy, min_size=1, max_size=5), compact_at=st.integers(0, 5),
+       cluster_at=st.integers(0, 5))
+def test_get_equals_the_model(table_type, index, ops, compact_at, cluster_at):
+    """Table.get returns exactly the rows of the keys that exist, through each index, after compactions and
+    clusterings (resizes, for consistent hashing), for keys with and without their partition, repeated or
+    absent."""
     root = tempfile.mkdtemp(prefix="mt-get-")
     try:
         table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p", "ts", table_type=table_type, index=INDEXES[index],
@@ -143,10 +146,14 @@ def test_get_equals_the_model(table_type, index, ops, compact_at):
             model.apply(operation, rows)
             if step == compact_at:
                 table.compact()
+            if step == cluster_at:
+                table.cluster()
             assert sort_rows(table.get(ALL_KEYS).to_pylist()) == model.expected()
             some = ALL_KEYS.slice(0, 7)
             wanted = {(r["p"], r["id"]) for r in some.to_pylist()}
-            assert sort_rows(table.get(some).to_pylist()) == [r for r in model.expected()
-                                                              if (r["p"], r["id"]) in wanted]
+            assert sort_rows(table.get(pa.concat_tables([some, some])).to_pylist()) == \
+                [r for r in model.expected() if (r["p"], r["id"]) in wanted], "each row once"
+            ids = pa.table({"id": [0, 3, 5, 99]})
+            assert sort_rows(table.get(ids).to_pylist()) == [r for r in model.expected() if r["id"] in (0, 3, 5)]
     finally:
         shutil.rmtree(root, ignore_errors=True)
