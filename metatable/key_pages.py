@@ -30,6 +30,12 @@ from .thrift_compact import leading_ints, read_struct
 
 KEYS_NUL_FREE = b"metatable.keys_nul_free"
 WRITE_BATCH_ROWS = 128  # pyarrow cuts pages only between write batches
+# Rows of other columns are read page by page (`row_pages`), so their pages are kept short too: a dictionary
+# page stops at 64 KB (then PLAIN), a page at 2,048 rows. Measured on 14 SF 1 base files (1.4M rows): 56 ->
+# 51 MB, a full read 0.81 -> 0.42 s, 18 rows of each file 0.29 -> 0.13 s (1,024 rows: 0.12 s, but a slower
+# page-index parse and full read).
+MAX_ROWS_PER_PAGE = 2048
+DICTIONARY_PAGE_LIMIT = 64 << 10
 _CODECS = {0: None, 1: "snappy", 2: "gzip", 4: "brotli", 6: "zstd", 7: "lz4_raw"}
 _DATA_PAGE, _DATA_PAGE_V2 = 0, 3
 _PLAIN, _RLE = 0, 3
@@ -41,11 +47,12 @@ def write_options(column_names: Sequence[str], compression: str, key_compression
                   page_size: int) -> dict[str, Any]:
     """`pq.write_table` options that make the key column searchable page by page: a page index, small
     pages (cut at write batches, so batches are small too), the key column PLAIN (unique keys gain
-    nothing from a dictionary) with its own codec."""
+    nothing from a dictionary) with its own codec; and every page short enough for reading rows by page."""
     codecs = {name: compression for name in column_names}
     codecs[KEY_COLUMN] = key_compression
     return {"compression": codecs, "use_dictionary": [n for n in column_names if n != KEY_COLUMN],
-            "write_page_index": True, "data_page_size": page_size, "write_batch_size": WRITE_BATCH_ROWS}
+            "write_page_index": True, "data_page_size": page_size, "write_batch_size": WRITE_BATCH_ROWS,
+            "max_rows_per_page": MAX_ROWS_PER_PAGE, "dictionary_pagesize_limit": DICTIONARY_PAGE_LIMIT}
 
 
 def nul_free_metadata(keys: pa.ChunkedArray | pa.Array) -> dict[bytes, bytes]:
@@ -177,6 +184,18 @@ def plain_values(data: bytes, position: int, count: int, path: str) -> list[byte
     return values
 
 
+def footer_bytes(descriptor: int, path: str) -> bytes:
+    """The thrift-encoded footer (FileMetaData) of the Parquet file open at `descriptor`."""
+    size = os.fstat(descriptor).st_size
+    tail = os.pread(descriptor, 8, max(size - 8, 0))
+    if size < 12 or tail[4:] != b"PAR1":
+        raise CorruptFileError(path, "not a Parquet file (no PAR1 footer)")
+    length = int.from_bytes(tail[:4], "little")
+    if length > size - 12:
+        raise CorruptFileError(path, f"footer length {length} exceeds the file ({size} bytes): truncated?")
+    return os.pread(descriptor, length, size - 8 - length)
+
+
 @functools.lru_cache(maxsize=512)
 def key_pages(path: str) -> KeyPages | None:
     """The page index of `path`'s key column, or None where it cannot serve lookups (no page index, a
@@ -184,14 +203,7 @@ def key_pages(path: str) -> KeyPages | None:
     whole column. Cached: a base file never changes once written and its name is never reused (an
     entry is ~100 bytes per page: ~0.4 MB for a 128 MB file of 1M rows)."""
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        tail = os.pread(f.fileno(), 8, max(size - 8, 0))
-        if size < 12 or tail[4:] != b"PAR1":
-            raise CorruptFileError(path, "not a Parquet file (no PAR1 footer)")
-        length = int.from_bytes(tail[:4], "little")
-        if length > size - 12:
-            raise CorruptFileError(path, f"footer length {length} exceeds the file ({size} bytes): truncated?")
-        footer, _ = read_struct(os.pread(f.fileno(), length, size - 8 - length), 0, path)
+        footer, _ = read_struct(footer_bytes(f.fileno(), path), 0, path)
         schema = footer.get(2, [])
         leaves = [element for element in schema[1:] if not element.get(5)]
         names = [element.get(4) for element in leaves]

@@ -144,3 +144,86 @@ def _take(buffer: bytes, position: int, n: int) -> tuple[bytes, int]:
     if end > len(buffer):
         raise IndexError(end)
     return buffer[position:end], end
+
+
+def struct_spans(buffer: bytes, position: int, field: int, what: str) -> list[tuple[int, int]]:
+    """Where each struct of the list in field `field` of the struct at `position` starts and ends, so that
+    a writer can copy them verbatim (a Parquet footer's schema elements)."""
+    field_id = 0
+    try:
+        while True:
+            header = buffer[position]
+            position += 1
+            kind = header & 0x0F
+            if kind == 0:
+                return []
+            if header >> 4:
+                field_id += header >> 4
+            else:
+                n, position = _varint(buffer, position)
+                field_id = (n >> 1) ^ -(n & 1)
+            if field_id == field and kind == _LIST:
+                size_type = buffer[position]
+                position += 1
+                size = size_type >> 4
+                if size == 15:
+                    size, position = _varint(buffer, position)
+                spans = []
+                for _ in range(size):
+                    _, end = _struct(buffer, position, what)
+                    spans.append((position, end))
+                    position = end
+                return spans
+            if kind <= _BOOL_FALSE:
+                continue
+            _, position = _value(buffer, position, kind, what)
+    except (IndexError, struct.error):
+        raise CorruptFileError(what, "thrift data ends inside a value") from None
+
+
+# -- writing: only what a Parquet footer needs (i32, i64, binary, lists of those or of structs) ----------
+I32, I64, BINARY, LIST, STRUCT = _I32, _I64, _BINARY, _LIST, _STRUCT
+
+
+def _varint_bytes(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        if n < 0x80:
+            out.append(n)
+            return bytes(out)
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+
+
+def _zigzag(n: int) -> bytes:
+    return _varint_bytes((n << 1) ^ (n >> 63))
+
+
+def encode_struct(fields: list[tuple[int, int, Any]]) -> bytes:
+    """A struct of (field id, kind, value), ids ascending. A STRUCT value is its encoded bytes; a LIST value
+    is (element kind, items), items encoded as the element kind (structs as their bytes)."""
+    out = bytearray()
+    last = 0
+    for field_id, kind, value in fields:
+        delta = field_id - last
+        out += bytes([(delta << 4) | kind]) if 0 < delta <= 15 else bytes([kind]) + _zigzag(field_id)
+        last = field_id
+        out += _encode_value(kind, value)
+    out.append(0)
+    return bytes(out)
+
+
+def _encode_value(kind: int, value: Any) -> bytes:
+    if kind in (_I32, _I64):
+        return _zigzag(value)
+    if kind == _BINARY:
+        return _varint_bytes(len(value)) + value
+    if kind == _STRUCT:
+        return value
+    if kind == _LIST:
+        element, items = value
+        header = bytes([(len(items) << 4) | element]) if len(items) < 15 \
+            else bytes([0xF0 | element]) + _varint_bytes(len(items))
+        return header + b"".join(_encode_value(element, item) for item in items)
+    raise ValueError(f"cannot encode thrift type {kind}")
+

@@ -2,7 +2,8 @@
 
 usage: python -m tests.metatable.indexer_child ROOT ACTION OPTIONS_JSON [ARG...]
 ACTION: "schedule", "run", "schedule_run" or "drop" (ARGs: partitions); "write" (ARGs: SEED DEADLINE): upsert
-random batches into partition p<SEED>, deleting some keys every third step, until the wall-clock DEADLINE;
+random batches into partition p<SEED>, deleting some keys every third step, until the wall-clock DEADLINE (once
+at least);
 any failure ends it with a traceback (exit 1). Prints the result as JSON; exit 4 on IndexingAborted (prints
 the message). METATABLE_CRASH_AT / METATABLE_PAUSE_AT hold or kill it at a named point.
 """
@@ -26,7 +27,7 @@ KEYS = 400
 def write(table: mt.Table, seed: int, deadline: float) -> int:
     rng = random.Random(seed)
     commits = 0
-    while time.time() < deadline:
+    while commits == 0 or time.time() < deadline:  # one write at least, however slow the start
         ids = rng.sample(range(KEYS), 40)
         if commits % 3 == 2:
             table.delete(pa.table({"id": pa.array(ids[:8], pa.int64()), "p": [f"p{seed}"] * 8}))

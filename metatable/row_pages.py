@@ -1,0 +1,235 @@
+"""Reading chosen rows of base files without reading their columns whole.
+
+Base files keep a page index (`key_pages.write_options`). For every column it says where each page lies
+and which row it starts at. pyarrow decodes whole column chunks and cannot skip pages, so the pages
+that hold the wanted rows are copied here into a small Parquet file made in memory: one column, one row
+group per source column chunk with its dictionary page, and a footer written with `thrift_compact`.
+pyarrow then decodes only those pages. One such file per column serves every base file a call touches.
+
+`Table.get` reads rows this way. It finds the rows of the keys from the key column's candidate pages
+(their [min, max] admits the key), read the same way.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .config import THREADS
+from .key_pages import footer_bytes, key_pages
+from .table_config import KEY_COLUMN
+from .thrift_compact import BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, read_struct, struct_spans
+
+SMALL_DICTIONARY = 64 << 10  # a dictionary page at most this big is copied without checking the pages use it
+_DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY
+
+
+@dataclass(frozen=True)
+class ChunkPages:
+    """One column chunk (a column of one row group): its data pages, and its dictionary page if any."""
+
+    meta: dict  # the ColumnMetaData fields the copy keeps: type, encodings, path, codec
+    dictionary: tuple[int, int] | None  # (offset, size)
+    offsets: np.ndarray
+    sizes: np.ndarray
+    first_rows: np.ndarray  # first row of each page, within the row group
+    rows: int
+
+
+@dataclass(frozen=True)
+class FilePages:
+    """Where every page of every column of a base file lies."""
+
+    path: str
+    names: tuple[str, ...]
+    elements: tuple[bytes, ...]  # each column's SchemaElement, as thrift bytes to copy
+    row_groups: tuple[tuple[ChunkPages, ...], ...]
+    row_starts: tuple[int, ...]  # first file row of each row group
+
+    def key_rows_of_pages(self, flat_pages: Sequence[int]) -> np.ndarray:
+        """The file rows of key-column pages numbered across row groups (as `KeyPages` numbers them)."""
+        column = self.names.index(KEY_COLUMN)
+        rows, first = [], 0
+        for start, group in zip(self.row_starts, self.row_groups):
+            chunk = group[column]
+            ends = np.r_[chunk.first_rows[1:], chunk.rows]
+            for page in (p - first for p in flat_pages if first <= p < first + len(chunk.offsets)):
+                rows.append(np.arange(start + chunk.first_rows[page], start + ends[page]))
+            first += len(chunk.offsets)
+        return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=512)
+def file_pages(path: str) -> FilePages | None:
+    """The page layout of a base file, or None when it cannot serve row reads (a nested schema, a column
+    chunk without an offset index). Cached: base files never change and their names are never reused."""
+    with open(path, "rb") as f:
+        raw = footer_bytes(f.fileno(), path)
+        footer, _ = read_struct(raw, 0, path)
+        spans = struct_spans(raw, 0, 2, path)
+        schema = footer.get(2, [])
+        if any(element.get(5) for element in schema[1:]):
+            return None
+        names = tuple(element[4].decode() for element in schema[1:])
+        elements = tuple(raw[a:b] for a, b in spans[1:])
+        groups, starts, start = [], [], 0
+        for row_group in footer.get(4, []):
+            chunks = []
+            for chunk in row_group[1]:
+                if 4 not in chunk:
+                    return None
+                meta = chunk[3]
+                locations = read_struct(os.pread(f.fileno(), chunk[5], chunk[4]), 0, path)[0].get(1, [])
+                offsets, sizes, firsts = (np.array([loc[k] for loc in locations], dtype=np.int64) for k in (1, 2, 3))
+                dictionary = (meta[11], meta[9] - meta[11]) if meta.get(11) else None
+                chunks.append(ChunkPages({k: meta[k] for k in (1, 2, 3, 4)}, dictionary, offsets, sizes, firsts,
+                                         row_group[3]))
+            groups.append(tuple(chunks))
+            starts.append(start)
+            start += row_group[3]
+    return FilePages(path, names, elements, tuple(groups), tuple(starts))
+
+
+def read_rows(wanted: Sequence[tuple[FilePages, np.ndarray]], columns: Sequence[str]) -> list[pa.Table]:
+    """For each (file, ascending file rows): those rows of `columns`, each column of all the files decoded
+    from one small Parquet file of the pages that hold them."""
+    out: list[dict[str, pa.Array]] = [{} for _ in wanted]
+    with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-rows") as pool:  # decoding frees the GIL
+        for name, arrays in zip(columns, pool.map(lambda name: _read_column(wanted, name), columns)):
+            for i, array in enumerate(arrays):
+                out[i][name] = array
+    return [pa.table(arrays) if columns else pa.table({}) for arrays in out]
+
+
+def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> list[pa.Array]:
+    variants: dict[bytes, list[tuple]] = {}  # files whose column has another schema element get their own copy
+    places: list[tuple[bytes, np.ndarray]] = []
+    for pages, rows in wanted:
+        column = pages.names.index(name)
+        element = pages.elements[column]
+        groups = variants.setdefault(element, [])
+        base = sum(group[3] for group in groups)
+        positions = []
+        descriptor = os.open(pages.path, os.O_RDONLY)
+        try:
+            for start, row_group in zip(pages.row_starts, pages.row_groups):
+                chunk = row_group[column]
+                mine = rows[(rows >= start) & (rows < start + chunk.rows)] - start
+                if not len(mine):
+                    continue
+                page_of = np.searchsorted(chunk.first_rows, mine, side="right") - 1
+                chosen = np.unique(page_of)
+                ends = np.r_[chunk.first_rows[1:], chunk.rows]
+                counts = ends[chosen] - chunk.first_rows[chosen]
+                begins = np.r_[0, np.cumsum(counts)[:-1]]
+                positions.append(base + begins[np.searchsorted(chosen, page_of)] + mine - chunk.first_rows[page_of])
+                data = [os.pread(descriptor, int(chunk.sizes[p]), int(chunk.offsets[p])) for p in chosen]
+                dictionary = _dictionary(descriptor, chunk, data, pages.path)
+                groups.append((chunk.meta, dictionary, data, int(counts.sum())))
+                base += int(counts.sum())
+        finally:
+            os.close(descriptor)
+        places.append((element, np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)))
+    decoded = {}
+    for element, groups in variants.items():
+        if groups:
+            buffer = pa.BufferReader(mini_parquet(element, groups))
+            decoded[element] = pq.read_table(buffer).column(0).combine_chunks()
+    return [decoded[element].take(pa.array(positions)) if len(positions) else _empty(decoded, element)
+            for element, positions in places]
+
+
+def _empty(decoded: dict[bytes, pa.Array], element: bytes) -> pa.Array:
+    return decoded[element].slice(0, 0) if element in decoded else pa.array([], pa.null())
+
+
+def _dictionary(descriptor: int, chunk: ChunkPages, data: list[bytes], path: str) -> bytes | None:
+    """The chunk's dictionary page when any chosen page needs it (a big one is checked against the pages'
+    encodings: a writer falls back to PLAIN once the dictionary outgrows its limit)."""
+    if chunk.dictionary is None:
+        return None
+    offset, size = chunk.dictionary
+    if size > SMALL_DICTIONARY and not any(_dictionary_encoded(page, path) for page in data):
+        return None
+    return os.pread(descriptor, size, offset)
+
+
+def _dictionary_encoded(page: bytes, path: str) -> bool:
+    header, _ = read_struct(page, 0, path)
+    body = header.get(5) or header.get(8) or {}
+    return body.get(2 if 5 in header else 4) in _DICTIONARY_ENCODINGS
+
+
+def _page_sizes(page: bytes) -> tuple[int, int]:
+    """(header + uncompressed size, stored size) of a page."""
+    sizes = leading_ints(page, 3)
+    if sizes is None:
+        return len(page), len(page)
+    return len(page) - sizes[2] + sizes[1], len(page)
+
+
+def mini_parquet(element: bytes, groups: list[tuple[dict, bytes | None, list[bytes], int]]) -> bytes:
+    """A Parquet file of one column (schema element `element`) whose row groups are the given pages:
+    (column metadata, dictionary page or None, data pages, rows)."""
+    out = bytearray(b"PAR1")
+    row_groups = []
+    total = 0
+    for meta, dictionary, pages, rows in groups:
+        start = len(out)
+        dictionary_offset = None
+        if dictionary is not None:
+            dictionary_offset = len(out)
+            out += dictionary
+        data_offset = len(out)
+        for page in pages:
+            out += page
+        stored = len(out) - start
+        uncompressed = sum(_page_sizes(page)[0] for page in ([dictionary] if dictionary else []) + pages)
+        fields = [(1, I32, meta[1]), (2, LIST, (I32, meta[2])), (3, LIST, (BINARY, meta[3])), (4, I32, meta[4]),
+                  (5, I64, rows), (6, I64, uncompressed), (7, I64, stored), (9, I64, data_offset)]
+        if dictionary_offset is not None:
+            fields.append((11, I64, dictionary_offset))
+        chunk = encode_struct([(2, I64, start), (3, STRUCT, encode_struct(fields))])
+        row_groups.append(encode_struct([(1, LIST, (STRUCT, [chunk])), (2, I64, stored), (3, I64, rows)]))
+        total += rows
+    root = encode_struct([(4, BINARY, b"schema"), (5, I32, 1)])
+    footer = encode_struct([(1, I32, 1), (2, LIST, (STRUCT, [root, element])), (3, I64, total),
+                            (4, LIST, (STRUCT, row_groups))])
+    out += footer + len(footer).to_bytes(4, "little") + b"PAR1"
+    return bytes(out)
+
+
+def rows_of_keys(paths: Sequence[str], keys: Sequence[pa.Array]) -> list[tuple[FilePages, np.ndarray] | None]:
+    """For each base file and the keys wanted from it: the file rows that hold them (ascending). The keys
+    the file holds are found by probing a key page each (`KeyPages.contains`: a key absent from a file, as
+    when a key is looked for in every partition, costs one page read); the pages holding those are then
+    decoded to find their rows. None for a file without the page layout this needs."""
+    plans: list[tuple[FilePages, np.ndarray] | None] = []
+    candidates = []
+    for path, wanted in zip(paths, keys):
+        pages, index = file_pages(path), key_pages(path)
+        if pages is None or index is None:
+            plans.append(None)
+            continue
+        present, _ = index.contains(wanted.to_pylist())  # one key page probed per key, its rows not decoded
+        chosen = sorted({p for key in wanted.filter(pa.array(present)).to_pylist()
+                         for p in index.candidate_pages(key.encode())})
+        rows = pages.key_rows_of_pages(chosen)
+        plans.append((pages, rows))
+        if len(rows):
+            candidates.append(len(plans) - 1)
+    read = read_rows([plans[i] for i in candidates], [KEY_COLUMN])
+    for i, table in zip(candidates, read):
+        pages, rows = plans[i]
+        where = pc.index_in(keys[i], value_set=table[KEY_COLUMN])
+        found = where.filter(pc.is_valid(where)).to_numpy(zero_copy_only=False).astype(np.int64)
+        plans[i] = (pages, np.unique(rows[found]))  # a key asked twice is read once
+    return plans
+

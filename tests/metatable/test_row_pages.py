@@ -1,0 +1,100 @@
+"""Reading chosen rows of base files page by page equals taking them from the whole file."""
+from __future__ import annotations
+
+import datetime
+import decimal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from metatable.key_pages import write_options
+from metatable.row_pages import file_pages, mini_parquet, read_rows, rows_of_keys
+from metatable.table_config import KEY_COLUMN
+
+ROWS = 9_000
+
+
+def sample_table(seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    n = ROWS
+    keys = np.sort(rng.choice(10 * n, n, replace=False))
+    comments = [None if i % 13 == 0 else f"c{rng.integers(0, 50 if i < n // 2 else 10**9)}" + "x" * (i % 40)
+                for i in range(n)]
+    return pa.table({
+        KEY_COLUMN: pa.array([f"k{k:08d}" for k in keys]),
+        "i": pa.array(rng.integers(0, 5, n), pa.int64()),
+        "small": pa.array(rng.integers(-100, 100, n), pa.int8()),
+        "f": pa.array(rng.random(n)),
+        "flag": pa.array(rng.random(n) < 0.5),
+        "comment": pa.array(comments, pa.string()),  # low cardinality, then a dictionary that overflows
+        "d": pa.array([datetime.date(2000, 1, 1) + datetime.timedelta(days=int(x)) for x in rng.integers(0, 900, n)]),
+        "ts": pa.array(rng.integers(0, 10**12, n), pa.timestamp("us", tz="UTC")),
+        "price": pa.array([decimal.Decimal(int(x)) / 100 for x in rng.integers(0, 10**7, n)], pa.decimal128(15, 2)),
+    })
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    out = []
+    for seed, row_group in ((1, ROWS), (2, 2_500)):  # one row group, then several
+        table = sample_table(seed)
+        path = str(tmp_path_factory.mktemp("pages") / f"f{seed}.parquet")
+        pq.write_table(table, path, row_group_size=row_group,
+                       **write_options(table.column_names, "zstd", "lz4_raw", 1024))
+        out.append((path, table))
+    return out
+
+
+def test_pages_are_short_and_indexed(files):
+    path, _ = files[1]
+    pages = file_pages(path)
+    assert len(pages.row_groups) == 4 and pages.row_starts == (0, 2500, 5000, 7500)
+    assert max(int(np.diff(np.r_[c.first_rows, c.rows]).max()) for g in pages.row_groups for c in g) <= 2048
+    encodings = pq.ParquetFile(files[0][0]).metadata.row_group(0).column(pages.names.index("comment")).encodings
+    assert "PLAIN" in encodings and "RLE_DICTIONARY" in encodings, "the comment dictionary overflowed to PLAIN"
+
+
+@settings(max_examples=40, deadline=None)
+@given(picks=st.lists(st.lists(st.integers(0, ROWS - 1), max_size=30, unique=True), min_size=2, max_size=2),
+       columns=st.lists(st.sampled_from(["i", "small", "f", "flag", "comment", "d", "ts", "price", KEY_COLUMN]),
+                        min_size=1, max_size=9, unique=True))
+def test_read_rows_equals_take(files, picks, columns):
+    wanted = [(file_pages(path), np.array(sorted(rows), dtype=np.int64)) for (path, _), rows in zip(files, picks)]
+    got = read_rows(wanted, columns)
+    for (path, table), (_, rows), part in zip(files, wanted, got):
+        expected = table.select(columns).take(rows)
+        assert part.num_rows == len(rows)
+        assert part.cast(expected.schema).equals(expected), path
+
+
+@settings(max_examples=30, deadline=None)
+@given(picks=st.lists(st.integers(0, ROWS - 1), min_size=1, max_size=20, unique=True),
+       absent=st.lists(st.integers(0, 10 * ROWS), max_size=5))
+def test_rows_of_keys_finds_exactly_the_held_keys(files, picks, absent):
+    for path, table in files:
+        held = set(table[KEY_COLUMN].to_pylist())
+        keys = [table[KEY_COLUMN][i].as_py() for i in picks] + [f"k{a:08d}" for a in absent]
+        [(_, rows)] = rows_of_keys([path], [pa.array(keys)])
+        expected = sorted(i for i, k in enumerate(table[KEY_COLUMN].to_pylist()) if k in set(keys) & held)
+        assert rows.tolist() == expected
+
+
+def test_a_mini_file_is_a_parquet_file_of_the_chosen_pages(files):
+    """Two pages of one column, copied with the dictionary page: pyarrow reads exactly their rows."""
+    path, table = files[0]
+    pages = file_pages(path)
+    chunk = pages.row_groups[0][pages.names.index("i")]
+    with open(path, "rb") as f:
+        raw = f.read()
+    chosen = [0, 2]
+    data = [raw[chunk.offsets[p]:chunk.offsets[p] + chunk.sizes[p]] for p in chosen]
+    offset, size = chunk.dictionary
+    ends = np.r_[chunk.first_rows[1:], chunk.rows]
+    rows = int(sum(ends[p] - chunk.first_rows[p] for p in chosen))
+    got = pq.read_table(pa.BufferReader(mini_parquet(pages.elements[pages.names.index("i")],
+                                                     [(chunk.meta, raw[offset:offset + size], data, rows)])))
+    expected = pa.concat_arrays([table["i"].combine_chunks()[chunk.first_rows[p]:ends[p]] for p in chosen])
+    assert got["i"].combine_chunks().equals(expected)
