@@ -6,8 +6,9 @@ consistent-hashing indexes) and delta-rs (`write_deltalake`, `DeltaTable.merge` 
 - bulk_load: the whole table from one Parquet file (with the partition column `ship_year`): in-process
   `bulk_insert(path)` streams it; on Spark `bulk_insert(spark.read.parquet(path))`; delta-rs writes a
   dataset over the same file.
-- upsert_5pct: 5% of the rows, 90% updates and 10% new keys; upsert_skewed: the same size, 80% of it in
-  ship year 1995. Every system reads the same batch files (into memory before the clock starts).
+- upsert: 5% of the rows (or `--batch-rows`), 90% updates and 10% new keys; upsert_skewed: the same size,
+  80% of it in ship year 1995. Every system reads the same batch files (into memory before the clock
+  starts). `--batch-rows 300000` at SF 10 keeps SF 1's batch: an upsert's cost should follow the batch.
 - get_1000: full rows of 1,000 random existing keys, in a fresh process, opening the table included
   (`Table.get`; delta-rs: a filtered read of the key columns' values, then the exact pairs).
 - peak_rss_mb of every step: this process and its children (the JVM and Spark's Python workers).
@@ -16,7 +17,7 @@ Every step is verified: counts of the write, then rows read back equal the expec
 measurement, then `ratio` lines (delta-rs time over metatable's for writes and gets: above 1 is faster;
 metatable's peak memory over delta-rs's) and `target` lines (issue 12's targets, met or not).
 
-    python benchmarks/peers.py [--scale-factor 1] [--systems delta,inproc-mor-bucket,...]
+    python benchmarks/peers.py [--scale-factor 1] [--batch-rows N] [--systems delta,inproc-mor-bucket,...]
 """
 from __future__ import annotations
 
@@ -50,7 +51,6 @@ SYSTEMS = {  # name -> (engine, table type, index)
     "spark-cow-bucket": ("spark", "copy_on_write", dict(type="bucket")),
     "spark-mor-bloom": ("spark", "merge_on_read", dict(type="bloom")),
 }
-STEPS = ("bulk_load", "upsert_5pct", "upsert_skewed", "get_1000")
 RESULTS: dict[tuple[str, str], dict] = {}
 GET_SCRIPT = r"""
 import json, sys, time
@@ -115,10 +115,11 @@ def source_with_year(workdir: str, scale_factor: float) -> str:
     return out
 
 
-def make_batches(source: str, workdir: str) -> dict[str, str]:
-    """The 5% batch and the skewed batch (80% from ship year 1995), sampled batch by batch with a fixed
-    seed: 90% updates (quantity + 1, comment "updated"), 10% new keys (order key shifted past the max)."""
-    paths = {"upsert_5pct": os.path.join(workdir, "batch_5pct.parquet"),
+def make_batches(source: str, workdir: str, batch_rows: int = 0) -> dict[str, str]:
+    """The upsert batch (5% of the rows, or about `batch_rows`) and the skewed batch of the same size (80% from
+    ship year 1995), sampled batch by batch with a fixed seed: 90% updates (quantity + 1, comment
+    "updated"), 10% new keys (order key shifted past the max)."""
+    paths = {"upsert": os.path.join(workdir, "batch.parquet"),
              "upsert_skewed": os.path.join(workdir, "batch_skewed.parquet")}
     if all(os.path.exists(p) for p in paths.values()):
         return paths
@@ -128,11 +129,11 @@ def make_batches(source: str, workdir: str) -> dict[str, str]:
     max_order = pc.max(data.to_table(columns=["l_orderkey"])["l_orderkey"]).as_py()
     for seed, (step, path) in enumerate(paths.items(), start=1):
         rng = np.random.default_rng(seed)
-        share = 0.05 * total
+        share = batch_rows or 0.05 * total
         parts = []
         for batch in data.to_batches():
-            if step == "upsert_5pct":
-                p = np.full(batch.num_rows, 0.05)
+            if step == "upsert":
+                p = np.full(batch.num_rows, share / total)
             else:
                 in_hot = pc.equal(batch["ship_year"], 1995).to_numpy(zero_copy_only=False)
                 p = np.where(in_hot, min(1.0, 0.8 * share / hot), 0.2 * share / (total - hot))
@@ -242,11 +243,11 @@ def bench_metatable(system: str, source: str, batches: dict[str, str], keys_path
 
 # -- the verdict -------------------------------------------------------------------------------------
 TARGETS = [  # (system, step, measure, bound): speedup = delta seconds / system seconds
-    ("inproc-mor-bucket", "upsert_5pct", "speedup", 3.0), ("inproc-mor-bucket", "upsert_skewed", "speedup", 3.0),
+    ("inproc-mor-bucket", "upsert", "speedup", 3.0), ("inproc-mor-bucket", "upsert_skewed", "speedup", 3.0),
     ("inproc-mor-bucket", "bulk_load", "speedup", 1.0), ("inproc-mor-bucket", "get_1000", "speedup", 10.0),
-    ("spark-mor-bucket", "upsert_5pct", "speedup", 2.0), ("spark-mor-bucket", "upsert_skewed", "speedup", 2.0),
+    ("spark-mor-bucket", "upsert", "speedup", 2.0), ("spark-mor-bucket", "upsert_skewed", "speedup", 2.0),
     ("spark-mor-bucket", "bulk_load", "speedup", 0.5),
-    ("spark-mor-bloom", "upsert_5pct", "speedup", 1.0), ("spark-mor-bloom", "upsert_skewed", "speedup", 1.0),
+    ("spark-mor-bloom", "upsert", "speedup", 1.0), ("spark-mor-bloom", "upsert_skewed", "speedup", 1.0),
 ]
 
 
@@ -268,11 +269,16 @@ def verdict() -> None:
                  met=value >= bound)
 
 
+def work_dir(args: argparse.Namespace) -> str:
+    return os.path.join(args.workdir, f"peers-sf{args.scale_factor:g}" + (f"-b{args.batch_rows}" if args.batch_rows else ""))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale-factor", type=float, default=1.0)
     ap.add_argument("--systems", default=",".join(["delta", *SYSTEMS]), help=f"of delta, {', '.join(SYSTEMS)}")
     ap.add_argument("--buckets", type=int, default=8)
+    ap.add_argument("--batch-rows", type=int, default=0, help="upsert batch size (default: 5%% of the table)")
     ap.add_argument("--workdir", default="bench-data")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # run one system in this process (see below)
     args = ap.parse_args()
@@ -285,9 +291,9 @@ def main() -> None:
         # keeps what earlier systems freed); the data is prepared once, here
         os.makedirs(args.workdir, exist_ok=True)
         source = source_with_year(args.workdir, args.scale_factor)
-        workdir = os.path.join(args.workdir, f"peers-sf{args.scale_factor:g}")
+        workdir = work_dir(args)
         os.makedirs(workdir, exist_ok=True)
-        make_batches(source, workdir)
+        make_batches(source, workdir, args.batch_rows)
         for system in systems:
             run = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", system], stdout=subprocess.PIPE,
                                  text=True)
@@ -303,9 +309,9 @@ def main() -> None:
     systems = [args.one]
     os.makedirs(args.workdir, exist_ok=True)
     source = source_with_year(args.workdir, args.scale_factor)
-    workdir = os.path.join(args.workdir, f"peers-sf{args.scale_factor:g}")
+    workdir = work_dir(args)
     os.makedirs(workdir, exist_ok=True)
-    batches = make_batches(source, workdir)
+    batches = make_batches(source, workdir, args.batch_rows)
     keys_path, expected = sample_keys(source, batches, 1000, workdir)
     spark = None
     if any(SYSTEMS[s][0] == "spark" for s in systems if s in SYSTEMS):

@@ -43,7 +43,9 @@ def spark_session(master: str = "local[2]", app_name: str = "metatable", shuffle
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.memory", "4g"))
+               # measured bulk loads (benchmarks/peers.py data): SF 1 in 37 s either way, peak RSS of all
+               # processes 3.2 GB with 2g, 5.0 GB with 4g; SF 10 (80 buckets) 318 s, 3.2 GB with 2g
+               .config("spark.driver.memory", "2g"))
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

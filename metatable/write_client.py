@@ -34,7 +34,7 @@ from .spark_engine import conform_dataframe, is_dataframe, partition_counts, run
 from .table_config import KEY_COLUMN
 from .timeline_view import TimelineView, group_name
 from .write_engine import run_local
-from .write_input import WriteStream, as_arrow, conform
+from .write_input import WriteStream, as_input, conform
 from .write_task import WriteTask
 from .written import counts, written_files
 
@@ -72,7 +72,7 @@ class WriteClient:
         if on_spark:
             data = conform_dataframe(data, config, operation)
         else:
-            data = as_arrow(data)
+            data = as_input(data)
             data = conform(data, config, operation) if isinstance(data, pa.Table) else data.conformed(config, operation)
         transactions = context.transactions
         with transactions.lock.held():
