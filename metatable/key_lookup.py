@@ -77,10 +77,10 @@ def locate_keys(context: TableContext, index: MetadataIndex, keys: list[str], pa
 
 def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table) -> pa.Table:
     """The rows of the keys that exist (in the table's columns), from the file slices that may hold them. A
-    bucket index computes those slices (reading is itself the check: on a 60k-row table, 1,000 keys took
-    0.52 s with a lookup first and 0.40 s without); other indexes locate the keys first. From a base file
-    only the key pages that may hold the keys are read, then only the pages of the other columns that hold
-    their rows (`row_pages`), when the keys are few next to its pages; the slice's logs are merged on top."""
+    bucket index computes those slices (reading is itself the check); other indexes locate the keys first.
+    From a base file, when the keys are few next to its key pages, only a key page per key is read, then
+    only the pages of the other columns that hold their rows (`row_pages`); the slice's logs are merged on
+    top. Measured at SF 1, 1,000 keys, a fresh process: 2.96 s reading whole slices, 1.46 s so."""
     view = context.view()
     config = context.config
     schema, storage_schema = config.schema, config.storage_schema
@@ -136,11 +136,11 @@ def candidate_slices(context: TableContext, index: MetadataIndex, data: pa.Table
                                "file_id": view.bucket_assigner(config.index).file_ids(keys, partitions)})
     else:  # every partition may hold the key
         computed = file_ids_of(keys, view.partitions)
+        if not computed:
+            return {}
         candidates = pa.concat_tables([pa.table({"key": keys, "partition": pa.repeat(pa.scalar(p, pa.string()),
-                                                                                      len(keys)),
-                                                 "file_id": ids}) for p, ids in computed.items()]) \
-            if computed else pa.table({"key": [], "partition": [], "file_id": []}, schema=pa.schema(
-                [("key", pa.string()), ("partition", pa.string()), ("file_id", pa.string())]))
+                                                                                      len(keys)), "file_id": ids})
+                                       for p, ids in computed.items()])
     groups = candidates.group_by(["partition", "file_id"]).aggregate([("key", "distinct")]).to_pylist()
     return {(g["partition"], g["file_id"]): pa.array(g["key_distinct"], pa.string()) for g in groups
             if (g["partition"], g["file_id"]) in view.file_slices}

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .config import THREADS
+from .errors import CorruptFileError
 from .key_pages import footer_bytes, key_pages
 from .table_config import KEY_COLUMN
 from .thrift_compact import BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, read_struct, struct_spans
@@ -140,8 +141,12 @@ def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> l
     decoded = {}
     for element, groups in variants.items():
         if groups:
-            buffer = pa.BufferReader(mini_parquet(element, groups))
-            decoded[element] = pq.read_table(buffer).column(0).combine_chunks()
+            try:
+                decoded[element] = pq.read_table(pa.BufferReader(mini_parquet(element, groups))).column(0) \
+                    .combine_chunks()
+            except (OSError, pa.ArrowException) as e:
+                files = ", ".join(pages.path for pages, _ in wanted)
+                raise CorruptFileError(files, f"the pages of column {name!r} do not decode: {e}") from None
     return [decoded[element].take(pa.array(positions)) if len(positions) else _empty(decoded, element)
             for element, positions in places]
 
@@ -167,12 +172,10 @@ def _dictionary_encoded(page: bytes, path: str) -> bool:
     return body.get(2 if 5 in header else 4) in _DICTIONARY_ENCODINGS
 
 
-def _page_sizes(page: bytes) -> tuple[int, int]:
-    """(header + uncompressed size, stored size) of a page."""
+def _uncompressed_size(page: bytes) -> int:
+    """A page's header and uncompressed body size."""
     sizes = leading_ints(page, 3)
-    if sizes is None:
-        return len(page), len(page)
-    return len(page) - sizes[2] + sizes[1], len(page)
+    return len(page) if sizes is None else len(page) - sizes[2] + sizes[1]
 
 
 def mini_parquet(element: bytes, groups: list[tuple[dict, bytes | None, list[bytes], int]]) -> bytes:
@@ -191,7 +194,7 @@ def mini_parquet(element: bytes, groups: list[tuple[dict, bytes | None, list[byt
         for page in pages:
             out += page
         stored = len(out) - start
-        uncompressed = sum(_page_sizes(page)[0] for page in ([dictionary] if dictionary else []) + pages)
+        uncompressed = sum(_uncompressed_size(page) for page in ([dictionary] if dictionary else []) + pages)
         fields = [(1, I32, meta[1]), (2, LIST, (I32, meta[2])), (3, LIST, (BINARY, meta[3])), (4, I32, meta[4]),
                   (5, I64, rows), (6, I64, uncompressed), (7, I64, stored), (9, I64, data_offset)]
         if dictionary_offset is not None:

@@ -13,9 +13,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from .errors import InvalidInputError
+from .table_config import TableConfig
 
 READ_AHEAD = 2  # batches a stream's scanner decodes ahead of the write
-from .table_config import TableConfig
 
 
 def as_input(data: Any) -> pa.Table | WriteStream:
@@ -81,7 +81,7 @@ class WriteStream:
         Dataset; a RecordBatchReader is written to `spool` (an Arrow file) as it is counted and is read
         from there afterwards."""
         if isinstance(self.source, ds.Dataset):
-            return tally(self.source.to_batches(columns=columns), self.schema, columns)
+            return tally(self._batches(columns), self.schema, columns)
         os.makedirs(os.path.dirname(spool), exist_ok=True)
 
         def spooled() -> Iterator[pa.RecordBatch]:
