@@ -108,9 +108,9 @@ def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table) -> pa.
 
 
 def few_keys(path: str, keys: pa.Array) -> bool:
-    """Whether reading `keys` page by page beats reading the base file whole: at most one in two key pages."""
+    """Whether reading `keys` page by page beats reading the base file whole."""
     pages = key_pages(path)
-    return pages is not None and len(keys) <= pages.page_count // 2
+    return pages is not None and pages.worth_probing(len(keys))
 
 
 def candidate_slices(context: TableContext, index: MetadataIndex, data: pa.Table,

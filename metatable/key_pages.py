@@ -85,8 +85,17 @@ class KeyPages:
         """The pages whose [min, max] admits `key`: one, or none, for a sorted file."""
         return range(bisect.bisect_left(self.maxs, key), bisect.bisect_right(self.mins, key))
 
+    def worth_probing(self, keys: int) -> bool:
+        """Whether probing a page per key beats reading the whole key column: at most one key per two pages."""
+        return keys <= self.page_count // 2
+
     def contains(self, keys: Sequence[str]) -> tuple[np.ndarray, int]:
         """Which keys the file holds, and the bytes read to tell."""
+        found, _, read = self.probe(keys)
+        return found, read
+
+    def probe(self, keys: Sequence[str]) -> tuple[np.ndarray, set[int], int]:
+        """Which keys the file holds, the pages that hold them, and the bytes read to tell."""
         wanted = [k.encode() for k in keys]
         found = [False] * len(wanted)
         by_page: dict[int, list[int]] = {}
@@ -94,6 +103,7 @@ class KeyPages:
             for page in self.candidate_pages(key):
                 by_page.setdefault(page, []).append(i)
         read = 0
+        holding: set[int] = set()
         descriptor = os.open(self.path, os.O_RDONLY)
         try:
             for page in sorted(by_page):
@@ -104,14 +114,17 @@ class KeyPages:
                 for i in by_page[page]:
                     key = wanted[i]
                     if self.nul_free and 0 < len(key) < 256 and b"\x00" not in key:
-                        found[i] = _holds(values, start, key)
+                        here = _holds(values, start, key)
                     else:
                         if decoded is None:
                             decoded = set(plain_values(values, start, self._value_count(raw), self.path))
-                        found[i] = key in decoded
+                        here = key in decoded
+                    if here:
+                        found[i] = True
+                        holding.add(page)
         finally:
             os.close(descriptor)
-        return np.array(found, dtype=bool), read
+        return np.array(found, dtype=bool), holding, read
 
     def _values(self, raw: bytes) -> tuple[bytes, int]:
         """One data page's PLAIN-encoded values: a buffer and where they start in it."""
@@ -196,14 +209,22 @@ def footer_bytes(descriptor: int, path: str) -> bytes:
     return os.pread(descriptor, length, size - 8 - length)
 
 
+@functools.lru_cache(maxsize=64)
+def parquet_footer(path: str) -> tuple[bytes, dict]:
+    """A base file's footer, raw and decoded: `key_pages` and `row_pages.file_pages` both start from it."""
+    with open(path, "rb") as f:
+        raw = footer_bytes(f.fileno(), path)
+    return raw, read_struct(raw, 0, path)[0]
+
+
 @functools.lru_cache(maxsize=512)
 def key_pages(path: str) -> KeyPages | None:
     """The page index of `path`'s key column, or None where it cannot serve lookups (no page index, a
     dictionary-encoded or unsorted key column: files written before it existed); then callers read the
     whole column. Cached: a base file never changes once written and its name is never reused (an
     entry is ~100 bytes per page: ~0.4 MB for a 128 MB file of 1M rows)."""
+    footer = parquet_footer(path)[1]
     with open(path, "rb") as f:
-        footer, _ = read_struct(footer_bytes(f.fileno(), path), 0, path)
         schema = footer.get(2, [])
         leaves = [element for element in schema[1:] if not element.get(5)]
         names = [element.get(4) for element in leaves]

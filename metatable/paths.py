@@ -52,6 +52,10 @@ class TablePaths:
         """Where an in-process write of a stream keeps its input by file group until it writes them."""
         return os.path.join(self.meta, "spill", instant)
 
+    def spooled_input(self, instant: str) -> str:
+        """A RecordBatchReader's rows, kept (in the spill) when the write must read them twice."""
+        return os.path.join(self.spill(instant), "input.arrow")
+
     @property
     def metadata(self) -> TablePaths:
         """The paths of a data table's metadata table."""

@@ -6,8 +6,8 @@ that hold the wanted rows are copied here into a small Parquet file made in memo
 group per source column chunk with its dictionary page, and a footer written with `thrift_compact`.
 pyarrow then decodes only those pages. One such file per column serves every base file a call touches.
 
-`Table.get` reads rows this way. It finds the rows of the keys from the key column's candidate pages
-(their [min, max] admits the key), read the same way.
+`Table.get` reads rows this way. It probes a key page per key (`KeyPages.probe`), then decodes the key pages
+that hold the keys, the same way, to find their rows.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from .config import THREADS
 from .errors import CorruptFileError
-from .key_pages import footer_bytes, key_pages
+from .key_pages import key_pages, parquet_footer
 from .table_config import KEY_COLUMN
 from .thrift_compact import BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, read_struct, struct_spans
 
@@ -71,9 +71,8 @@ class FilePages:
 def file_pages(path: str) -> FilePages | None:
     """The page layout of a base file, or None when it cannot serve row reads (a nested schema, a column
     chunk without an offset index). Cached: base files never change and their names are never reused."""
+    raw, footer = parquet_footer(path)
     with open(path, "rb") as f:
-        raw = footer_bytes(f.fileno(), path)
-        footer, _ = read_struct(raw, 0, path)
         spans = struct_spans(raw, 0, 2, path)
         schema = footer.get(2, [])
         if any(element.get(5) for element in schema[1:]):
@@ -111,12 +110,13 @@ def read_rows(wanted: Sequence[tuple[FilePages, np.ndarray]], columns: Sequence[
 
 def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> list[pa.Array]:
     variants: dict[bytes, list[tuple]] = {}  # files whose column has another schema element get their own copy
+    decoded_rows: dict[bytes, int] = {}  # rows each variant's copy holds so far
     places: list[tuple[bytes, np.ndarray]] = []
     for pages, rows in wanted:
         column = pages.names.index(name)
         element = pages.elements[column]
         groups = variants.setdefault(element, [])
-        base = sum(group[3] for group in groups)
+        base = decoded_rows.get(element, 0)
         positions = []
         descriptor = os.open(pages.path, os.O_RDONLY)
         try:
@@ -137,6 +137,7 @@ def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> l
                 base += int(counts.sum())
         finally:
             os.close(descriptor)
+        decoded_rows[element] = base
         places.append((element, np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)))
     decoded = {}
     for element, groups in variants.items():
@@ -211,7 +212,7 @@ def mini_parquet(element: bytes, groups: list[tuple[dict, bytes | None, list[byt
 
 def rows_of_keys(paths: Sequence[str], keys: Sequence[pa.Array]) -> list[tuple[FilePages, np.ndarray] | None]:
     """For each base file and the keys wanted from it: the file rows that hold them (ascending). The keys
-    the file holds are found by probing a key page each (`KeyPages.contains`: a key absent from a file, as
+    the file holds are found by probing a key page each (`KeyPages.probe`: a key absent from a file, as
     when a key is looked for in every partition, costs one page read); the pages holding those are then
     decoded to find their rows. None for a file without the page layout this needs."""
     plans: list[tuple[FilePages, np.ndarray] | None] = []
@@ -221,10 +222,8 @@ def rows_of_keys(paths: Sequence[str], keys: Sequence[pa.Array]) -> list[tuple[F
         if pages is None or index is None:
             plans.append(None)
             continue
-        present, _ = index.contains(wanted.to_pylist())  # one key page probed per key, its rows not decoded
-        chosen = sorted({p for key in wanted.filter(pa.array(present)).to_pylist()
-                         for p in index.candidate_pages(key.encode())})
-        rows = pages.key_rows_of_pages(chosen)
+        _, holding, _ = index.probe(wanted.to_pylist())  # one key page probed per key, its rows not decoded
+        rows = pages.key_rows_of_pages(sorted(holding))
         plans.append((pages, rows))
         if len(rows):
             candidates.append(len(plans) - 1)

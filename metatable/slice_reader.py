@@ -68,7 +68,7 @@ def base_keys_present(path: str, candidates: pa.Array | pa.ChunkedArray) -> tupl
     """Which candidates the base file holds, and the bytes read to tell: one key page per candidate when
     the file has a key page index and the candidates are few next to its pages, else the key column."""
     pages = key_pages(path)
-    if pages is not None and pc.count_distinct(candidates).as_py() <= pages.page_count // 2:
+    if pages is not None and pages.worth_probing(pc.count_distinct(candidates).as_py()):
         return pages.contains(candidates.to_pylist())
     column, read = key_column(path)
     return members(candidates, column), read

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -139,7 +138,7 @@ class WriteClient:
         if is_dataframe(data):
             tally = partition_counts(data, cols)
         elif isinstance(data, WriteStream):
-            tally = data.partition_counts(cols, os.path.join(self.context.paths.spill(instant), "input.arrow"))
+            tally = data.partition_counts(cols, self.context.paths.spooled_input(instant))
         elif cols:
             tally = data.group_by(cols).aggregate([([], "count_all")]).rename_columns([*cols, "count"])
         else:
