@@ -3,9 +3,9 @@ instants can read (older slices of a file group; every slice of a file group tha
 or before the oldest retained instant), and tombstone them in `files`, `column_stats` and `bloom_filter`.
 
 Clean keeps what an inflight write may still read: the horizon is never past the last instant completed
-before the oldest pending write began. Clean only goes forward: it deletes the planned files first, then commits their tombstones. A clean whose
-process died is finished (its deletes are idempotent) by the next clean or the next writer's recovery,
-so nothing it planned is left behind unreferenced.
+before the oldest pending write began. Clean only goes forward: it deletes the planned files first, then
+commits their tombstones. A clean whose process died is finished (its deletes are idempotent) by the next
+clean or the next writer's recovery, so nothing it planned is left behind unreferenced.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import Any
 from .base_file import PARQUET, BaseFile
 from .log_file import LogFile
 from .file_slice import parse_names
+from .faults import crash_point
+from .fsck import sweep
 from .conflicts import Committer
 from .context import TableContext
 from .data_commit import Commit, commit, completed_at, files_record
@@ -28,7 +30,9 @@ log = logging.getLogger(__name__)
 
 
 def clean(context: TableContext) -> str | None:
+    """Run a due clean, then sweep what dead processes left (`fsck.sweep`): staging files, markers, spilled input."""
     run = run_due(context.transactions, service(context))
+    sweep(context)
     return run.instant.time if run.instant else None
 
 
@@ -95,6 +99,7 @@ def execute(context: TableContext, instant: Instant, plan: Content) -> None:
     for partition, names in doomed.items():
         for name in names:
             context.storage.delete(context.paths.file(partition, name))
+            crash_point("clean.deleting")
     records: dict[str, dict[str, Any]] = removed_bases_records(context.config, cleaned_bases(doomed),
                                                                ("column_stats", "bloom_filter"))
     records["files"] = {partition: files_record(dict.fromkeys(names, 0), deleted=True)

@@ -17,10 +17,11 @@ import pyarrow.dataset as ds
 import pyarrow.json as pajson
 
 from . import config
-from .errors import InvalidInputError, MetatableError, TableNotFoundError
+from .errors import CorruptFileError, InvalidInputError, MetatableError, TableNotFoundError
 from .instant import Action
 from .metadata_table import MetadataTable
 from .paths import TablePaths
+from .rebuild import restore_properties
 from .slice_reader import read_slice
 from .storage import LocalStorage
 from .table import Table
@@ -125,6 +126,35 @@ def cmd_metadata_compact(args: argparse.Namespace) -> None:
         print("nothing to compact" + ("" if args.force else " (use --force to compact below the threshold)"))
     for why in report.blocked:
         print(f"blocked: {why}")
+
+
+def cmd_metadata_rebuild(args: argparse.Namespace) -> None:
+    try:
+        table = Table.open(args.path)
+    except CorruptFileError as e:  # the metadata table's properties: made again from the table config
+        if e.path != TablePaths(os.path.abspath(args.path)).metadata.properties:
+            raise
+        restore_properties(args.path)
+        table = Table.open(args.path)
+    report = table.rebuild_metadata()
+    print(f"rebuilt the metadata table of {args.path} as of {report.up_to} in {report.seconds:.2f}s: "
+          + ", ".join(f"{p} {n} records" for p, n in report.partitions.items())
+          + f"; {report.files} data files listed; the old one is at {report.damaged} (delete it at will)")
+    for path in report.missing:
+        print(f"missing: {path} (a completed commit added it; restore it from a backup)", file=sys.stderr)
+
+
+def cmd_fsck(args: argparse.Namespace) -> None:
+    report = Table.open(args.path).fsck(repair=args.repair)
+    for problem in report.problems:
+        print(f"{problem.kind}: {problem.detail}")
+    verb = "removed" if report.repaired else "left by dead processes (remove with --repair)"
+    for path in report.leftovers:
+        print(f"{verb}: {path}")
+    print(f"{report.files_checked} data files checked, {len(report.problems)} problems, {len(report.leftovers)} "
+          f"leftovers" + (" removed" if report.repaired else ""))
+    if not report.healthy:
+        raise SystemExit(1)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -258,7 +288,10 @@ def cmd_clean(args: argparse.Namespace) -> None:
 
 def cmd_rollback(args: argparse.Namespace) -> None:
     done = Table.open(args.path).rollback(args.instant, force=args.force)
-    print(f"rolled back {', '.join(done)}" if done else "no failed writes to roll back")
+    for instant, what in done.items():
+        print(f"{instant} {what}")
+    if not done:
+        print("nothing to recover: no failed write or dead service")
 
 
 def cmd_stats(args: argparse.Namespace) -> None:
@@ -489,7 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[verbose], help=text)
         p.add_argument("path", help="the table's directory")
         p.set_defaults(func=func)
-    p = sub.add_parser("rollback", parents=[verbose], help="roll back failed writes (all whose writer is gone, or one instant)")
+    p = sub.add_parser("rollback", parents=[verbose], help="recover from dead processes: roll back their writes, reset their services "
+                                                          "(they run again), finish their cleans; or one --instant")
     p.add_argument("path", help="the table's directory")
     p.add_argument("--instant", help="this instant only (default: every failed write whose writer is gone)")
     p.add_argument("--force", action="store_true", help="even if its writer still beats")
@@ -544,6 +578,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="the table's directory")
     p.add_argument("partition", choices=METADATA_INDEXES, help="the metadata index to drop")
     p.set_defaults(func=cmd_index_drop)
+
+    p = sub.add_parser("fsck", parents=[verbose], help="check every file the table references (present, readable, "
+                                                      "checksums) and its metadata table; exit 1 on a problem")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("--repair", action="store_true", help="remove what dead processes left: staging files, markers, "
+                                                         "spilled input, files of instants that are gone")
+    p.set_defaults(func=cmd_fsck)
 
     p = sub.add_parser("stats", parents=[verbose], help="per partition and bucket: file groups, rows, bytes, pending logs; file sizes; "
                                      "consistent hashing: the rings")
@@ -601,6 +642,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="", help="only keys starting with this")
     p.add_argument("--limit", type=int, default=0, help="records to print (0: all)")
     p.set_defaults(func=cmd_metadata_scan)
+    p = md.add_parser("rebuild", parents=[verbose], help="rebuild a data table's metadata table from its data files "
+                                                         "and completed timeline, and swap it in")
+    p.add_argument("path", help="the data table's directory")
+    p.set_defaults(func=cmd_metadata_rebuild)
     p = md.add_parser("compact", parents=[verbose], help="compact due file groups, then clean")
     p.add_argument("path", help="the metadata table's directory")
     p.add_argument("--force", action="store_true", help="compact every file group with logs")

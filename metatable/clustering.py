@@ -36,7 +36,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from indexes.arrow_keys import bucket_ids, hash32_array
 from indexes.bucket import bucket_file_id, bucket_of
@@ -52,6 +51,7 @@ from .data_commit import Commit, commit
 from .dual_writes import resize_instant
 from .errors import ConflictError, InvalidInputError
 from .faults import crash_point
+from .progress import progress
 from .file_slice import FileSlice, by_completion, latest_slice, parse_names
 from .instant import Action, Instant
 from .lifecycle import Service, run_pending
@@ -59,7 +59,7 @@ from .locator import MetadataIndex
 from .log_file import LogFile
 from .paths import TablePaths
 from .resize import CatchUp, as_of_now, replacements, resize_plan, wait_for_earlier_writes
-from .slice_reader import read_slice
+from .slice_reader import base_metadata, read_slice
 from .spark_engine import run_indexed_tasks
 from .storage import LocalStorage
 from .table_config import KEY_COLUMN, TableConfig
@@ -231,7 +231,7 @@ def key_ranges(context: TableContext, slices: Sequence[FileSlice]) -> dict[tuple
             continue
         ref = (fs.partition, fs.base.file_name)
         if ref not in known:
-            meta = pq.read_metadata(context.paths.file(*ref))
+            meta = base_metadata(context.paths.file(*ref))
             column = meta.schema.names.index(KEY_COLUMN)
             stats = [meta.row_group(i).column(column).statistics for i in range(meta.num_row_groups)]
             if not stats or any(s is None or not s.has_min_max for s in stats):
@@ -312,7 +312,7 @@ def rewrite_and_commit(context: TableContext, instant: Instant, plan: Clustering
         rows = run_indexed_tasks(spark, len(plan.groups), task).to_pylist()
     else:
         task = partial(rewrite_group, context.paths, context.config, instant.time, plan, os.cpu_count() or 1)
-        rows = [row for g in range(len(plan.groups)) for row in task(g)]
+        rows = [row for g in progress(range(len(plan.groups)), f"clustering {instant.time}", "group") for row in task(g)]
     crash_point("table.clustering.files")
     files = written_files(rows)
     replaced, successors = replacements(plan, view) if catch_up else group_replacements(plan, files)

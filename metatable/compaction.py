@@ -16,6 +16,7 @@ from .conflicts import Committer
 from .context import TableContext
 from .data_commit import Commit, commit
 from .faults import crash_point
+from .progress import progress
 from .file_slice import by_completion, latest_slice, parse_names
 from .instant import Action, Instant
 from .lifecycle import Service, run_due, run_pending
@@ -66,7 +67,7 @@ def service(context: TableContext) -> Service[None]:
         started = time.monotonic()
         seen = frozenset(i.time for i in context.timeline.completed())
         rows = [compact_file_group(context, instant.time, group, names)
-                for group, names in plan["file_groups"].items()]
+                for group, names in progress(plan["file_groups"].items(), f"compaction {instant.time}")]
         crash_point("table.compaction.files")
         commit(context, Commit(instant, Committer.of(Action.COMPACTION, context.config), written_files(rows), seen,
                                file_groups=sorted(plan["file_groups"])))

@@ -133,6 +133,9 @@ OPTIONS: dict[str, Option] = {
 }
 
 
+METADATA_PREFIXES = ("metadata.", "heartbeat.", "lock.")  # the options a data table hands its metadata table
+
+
 def resolve(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """Defaults overlaid with `options`; unknown keys and bad values raise ConfigError."""
     resolved = {name: o.default for name, o in OPTIONS.items()}

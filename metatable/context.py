@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping
 
+from .config import METADATA_PREFIXES
 from .data_undo import DataUndo
-from .errors import TableExistsError, TableNotFoundError
+from .errors import CorruptFileError, MetatableError, TableExistsError, TableNotFoundError
 from .index_states import read_states
 from .instant import Action, Instant
 from .lock import TableLock
-from .metadata_table import MetadataTable
+from .metadata_table import MetadataTable, finish_swap
 from .paths import TablePaths
 from .storage import LocalStorage, Storage
 from .table_config import TableConfig
@@ -62,11 +63,20 @@ class TableContext:
         paths = TablePaths(os.path.abspath(path))
         if not storage.exists(paths.table_config):
             raise TableNotFoundError(f"no metatable table at {path} (missing {paths.table_config}); use Table.create")
-        config = TableConfig.from_json(storage.read(paths.table_config).decode(), options)
+        try:
+            config = TableConfig.from_json(storage.read(paths.table_config).decode(), options)
+        except MetatableError:  # an unknown option among `options`
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptFileError(paths.table_config, f"not a table config ({type(e).__name__}: {e}); it holds the "
+                                                       "schema, the key and the options") from None
         opts = config.options
         timeline = Timeline(storage, paths.root, TableLock(paths.lock, opts["lock.timeout_s"]),
                             opts["heartbeat.interval_s"], opts["heartbeat.tolerable_misses"])
-        mdt_options = {k: v for k, v in opts.items() if k.startswith(("metadata.", "heartbeat.", "lock."))}
+        if storage.exists(paths.metadata_rebuild.rebuilt_marker):  # a rebuild died between its two renames
+            with timeline.lock.held():
+                finish_swap(storage, paths)
+        mdt_options = {k: v for k, v in opts.items() if k.startswith(METADATA_PREFIXES)}
         try:
             metadata = MetadataTable(paths.metadata.root, storage=storage, options=mdt_options, authority=timeline)
         except TableNotFoundError:  # a create that died between its two steps: finish it

@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from indexes.bloom import BloomFilter
 from indexes.consistent_hashing import initial_ring
@@ -36,7 +35,7 @@ from .index_records import Change, change_records
 from .instant import BOOTSTRAP_TIME, Action, Instant
 from .log_file import LogFile
 from .markers import clear, mark, marked_files
-from .slice_reader import base_keys_present, key_column, members, read_slice
+from .slice_reader import base_keys_present, key_column, members, read_base, read_slice
 from .table_config import DELETED_COLUMN, KEY_COLUMN
 from .timeline_view import FileGroup, TimelineView, group_name, parse_group_name
 from .transaction import Content
@@ -314,7 +313,7 @@ def split_into_successors(context: TableContext, view: TimelineView, slots: LogS
         raise ConflictError(f"write {instant}: file group {f.group} was replaced and nothing took over its rows")
     source = context.paths.file(f.partition, f.file_name)
     rows = read_data_log(context.storage, source, config.log_schema)[1] if f.kind == "log" else \
-        pq.read_table(source, schema=config.storage_schema)
+        read_base(source, config.storage_schema)
     keys = rows[KEY_COLUMN]
     if config.index.type == "bucket":
         ids = view.bucket_assigner(config.index).file_ids(keys, pa.repeat(pa.scalar(f.partition, pa.string()),

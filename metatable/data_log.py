@@ -55,7 +55,7 @@ def write_data_log(storage: Storage, path: str, instant: str, rows: pa.Table, bl
                    compression: str = "zstd") -> None:
     if block_format == "parquet":
         buf = io.BytesIO()
-        pq.write_table(rows, buf, compression=compression)
+        pq.write_table(rows, buf, compression=compression, write_page_checksum=True)
         write_parquet_log(storage, path, instant, buf.getvalue(), rows.num_rows)
     else:
         write_container(storage, path, avro_row_schema(rows.schema), rows.to_pylist(), rows.num_rows,
@@ -78,13 +78,13 @@ def read_data_log(storage: Storage, path: str, arrow_schema: pa.Schema) -> tuple
     meta, records = read_container(storage, path)
     try:
         if meta["metatable.format"] == "parquet":
-            block = pq.ParquetFile(io.BytesIO(records[0]["parquet"]))
+            block = pq.ParquetFile(io.BytesIO(records[0]["parquet"]), page_checksum_verification=True)
             present = set(block.schema_arrow.names)
             rows = _conform(block.read(columns=[n for n in arrow_schema.names if n in present]), arrow_schema)
         else:
             rows = pa.Table.from_pylist(records, schema=arrow_schema)
         expected = int(meta["metatable.rows"])
-    except (KeyError, IndexError, pa.ArrowException) as e:
+    except (KeyError, IndexError, OSError, pa.ArrowException) as e:
         raise CorruptFileError(path, f"unreadable data block ({type(e).__name__}: {e})") from None
     if rows.num_rows != expected:
         raise CorruptFileError(path, f"truncated data block: {rows.num_rows} of {expected} rows")

@@ -1,6 +1,13 @@
 """One root error class and a small hierarchy; every message names the problem and what to do."""
 from __future__ import annotations
 
+import os
+import re
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import pyarrow as pa
+
 
 class MetatableError(Exception):
     """Root of every error metatable raises on purpose."""
@@ -29,12 +36,60 @@ class UnknownPartitionError(InvalidInputError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class CorruptFileError(MetatableError):
-    """A file that exists but cannot be read as what it claims to be."""
+_WRITER_RE = re.compile(r"(\d{17})(?!.*\d{17})")  # a file name's last instant time is its writer's:
+# base files end `_<instant>.<ext>`, log files `_<instant>-<write token>`
+RESTORE_ADVICE = ("Restore it from a backup under the same name; `metatable fsck TABLE` lists every damaged or "
+                  "missing file")
+REBUILD_ADVICE = ("The metadata table can be rebuilt from the data files and the timeline: `metatable metadata "
+                  "rebuild TABLE` (`Table.rebuild_metadata()`)")
 
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"corrupt file {path}: {reason}")
+
+class CorruptFileError(MetatableError):
+    """A file that exists but cannot be read as what it claims to be. The message names the file, the instant
+    that wrote it, what still works and what to do: a data file is restored from a backup (reads as of an
+    earlier instant never read it); a metadata-table file is rebuilt from the data files."""
+
+    problem = "corrupt file"
+
+    def __init__(self, path: str, reason: str, *, metadata: bool = False) -> None:
         self.path = path
+        self.reason = reason
+        self.metadata = metadata
+        found = _WRITER_RE.search(os.path.basename(path))
+        self.instant = found.group(1) if found else None
+        text = f"{self.problem} {path}: {reason}"
+        if self.instant:
+            text += f" (written by instant {self.instant}"
+            if not metadata:
+                text += "; reads as of an earlier instant do not read it: `metatable read TABLE --as-of INSTANT`"
+            text += ")"
+        super().__init__(f"{text}. {REBUILD_ADVICE if metadata else RESTORE_ADVICE}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # Spark pickles errors raised in tasks
+        return (type(self), (self.path, self.reason), {"metadata": self.metadata})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(self.path, self.reason, **state)  # type: ignore[misc]
+
+
+class MissingFileError(CorruptFileError):
+    """A file that a commit references and that is gone."""
+
+    problem = "missing file"
+
+
+@contextmanager
+def naming_damage(path: str, *, metadata: bool = False) -> Iterator[None]:
+    """Reading `path`: what the format libraries raise on a damaged or missing file (`OSError: ZSTD
+    decompression failed`, `FileNotFoundError`, ArrowInvalid...) becomes an error that names it."""
+    try:
+        yield
+    except CorruptFileError:
+        raise
+    except FileNotFoundError:
+        raise MissingFileError(path, "it is referenced by a commit and gone", metadata=metadata) from None
+    except (OSError, pa.ArrowException) as e:
+        raise CorruptFileError(path, f"{type(e).__name__}: {e}", metadata=metadata) from None
 
 
 class ConflictError(MetatableError):

@@ -30,6 +30,7 @@ from indexes.keys import bloom_filter_key, record_index_key
 
 from .base_file import PARQUET, BaseFile
 from .data_log import read_data_log
+from .errors import naming_damage
 from .file_slice import FileSlice
 from .instant import Action
 from .log_file import Entries
@@ -103,7 +104,7 @@ def base_file_records(storage: Storage, paths: TablePaths, config: TableConfig, 
         if f.column_stats:
             out["column_stats"] = pickle.loads(f.column_stats)
         else:
-            with pq.ParquetFile(path) as parquet:
+            with naming_damage(path), pq.ParquetFile(path, page_checksum_verification=True) as parquet:
                 rows = parquet.read(columns=config.stats_columns())
                 out["column_stats"] = file_column_stats(rows, config.stats_columns(), f.partition, f.file_name,
                                                         parquet.metadata)

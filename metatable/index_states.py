@@ -23,7 +23,7 @@ from .log_file import LogFile
 from .metadata_file_group import SST_EXTENSION
 from .metadata_table import MetadataTable
 from .paths import TablePaths
-from .storage import Storage
+from .storage import Storage, read_json
 from .table_config import BUILDING, parse_index_states
 
 log = logging.getLogger(__name__)
@@ -32,12 +32,12 @@ BASE_TOKEN = "indexed"  # fixed, so a rerun of the build replaces its bases
 
 
 def read_states(storage: Storage, paths: TablePaths) -> dict[str, str]:
-    return parse_index_states(json.loads(storage.read(paths.table_config))["metadata_indexes"])
+    return parse_index_states(read_json(storage, paths.table_config)["metadata_indexes"])
 
 
 def save_states(storage: Storage, paths: TablePaths, states: Mapping[str, str]) -> None:
     """Replace the states in table.json, atomically (callers hold the table lock)."""
-    stored = json.loads(storage.read(paths.table_config))
+    stored = read_json(storage, paths.table_config)
     stored["metadata_indexes"] = dict(states)
     storage.write_atomic(paths.table_config, json.dumps(stored, indent=2, sort_keys=True).encode())
 

@@ -34,7 +34,6 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tqdm.auto import tqdm
 
 from indexes.arrow_keys import hash32_array
 from indexes.keys import hash32, record_index_key
@@ -56,6 +55,7 @@ from .metadata_file_group import SENTINEL_KEY, SST_EXTENSION
 from .metadata_layout import file_group_id
 from .metadata_records import KINDS
 from .paths import TablePaths
+from .progress import progress
 from .spark_engine import shuffle_sorted
 from .sst_file import write_sst
 from .storage import Storage
@@ -208,7 +208,7 @@ def build(context: TableContext, indexing: str, partitions: dict[str, int], t: s
     stamp = stamps(context)
     records: dict[str, dict[str, Any]] = {p: {} for p in wanted if p != "record_index"}
     keys = RecordIndexBuild(context, t)
-    for fs in tqdm(slices, desc=f"indexing {indexing}", unit="file group", disable=None, leave=False):
+    for fs in progress(slices, f"indexing {indexing}"):
         with cleaned_files_abort(f"the file slice {fs.partition}/{fs.file_id} as of {t}"):
             found, live = slice_records(context.storage, context.paths, context.config, fs, wanted, stamp)
         for p, recs in found.items():

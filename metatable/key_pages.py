@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import functools
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -24,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import CorruptFileError
+from .errors import CorruptFileError, naming_damage
 from .table_config import KEY_COLUMN
 from .thrift_compact import leading_ints, read_struct
 
@@ -52,7 +53,8 @@ def write_options(column_names: Sequence[str], compression: str, key_compression
     codecs[KEY_COLUMN] = key_compression
     return {"compression": codecs, "use_dictionary": [n for n in column_names if n != KEY_COLUMN],
             "write_page_index": True, "data_page_size": page_size, "write_batch_size": WRITE_BATCH_ROWS,
-            "max_rows_per_page": MAX_ROWS_PER_PAGE, "dictionary_pagesize_limit": DICTIONARY_PAGE_LIMIT}
+            "max_rows_per_page": MAX_ROWS_PER_PAGE, "dictionary_pagesize_limit": DICTIONARY_PAGE_LIMIT,
+            "write_page_checksum": True}
 
 
 def nul_free_metadata(keys: pa.ChunkedArray | pa.Array) -> dict[bytes, bytes]:
@@ -128,14 +130,15 @@ class KeyPages:
 
     def _values(self, raw: bytes) -> tuple[bytes, int]:
         """One data page's PLAIN-encoded values: a buffer and where they start in it."""
-        sizes = leading_ints(raw, 3)  # type, uncompressed and compressed size
+        sizes = leading_ints(raw, 4) or leading_ints(raw, 3)  # type, uncompressed and compressed size, crc
         if sizes is None or sizes[0] == _DATA_PAGE_V2:
             return self._values_v2(raw)
-        kind, size, stored = sizes
+        kind, size, stored = sizes[:3]
         start = len(raw) - stored  # a page index entry covers the header and the page's bytes
         if kind != _DATA_PAGE or start <= 0:
             raise CorruptFileError(self.path, f"the key column's page index points at a page of type {kind} "
                                               f"and {stored} bytes in a {len(raw)}-byte entry, not a data page")
+        check_crc(sizes[3] if len(sizes) == 4 else None, raw, start, self.path)
         data, values = (_decompress(raw, start, size, self.codec, self.path), 0) if self.codec else (raw, start)
         if self.optional:  # RLE definition levels, prefixed by their byte length
             values += 4 + int.from_bytes(data[values:values + 4], "little")
@@ -145,6 +148,7 @@ class KeyPages:
         header, start = read_struct(raw, 0, self.path)
         if header.get(1) != _DATA_PAGE_V2 or start + header.get(3, -1) != len(raw):
             raise CorruptFileError(self.path, "the key column's page index points at something else than a data page")
+        check_crc(header.get(4), raw, start, self.path)
         v2 = header[8]
         levels = v2.get(5, 0) + v2.get(6, 0)  # never compressed, counted in both sizes
         if self.codec and v2.get(7, True):
@@ -156,6 +160,13 @@ class KeyPages:
         if header.get(1) == _DATA_PAGE_V2:
             return header[8][1] - header[8].get(2, 0)
         return header[5][1]
+
+
+def check_crc(crc: int | None, raw: bytes, start: int, path: str) -> None:
+    """A page's CRC-32 (over its stored bytes), when the writer recorded one (`write_page_checksum`): a
+    flipped bit in a page compressed by LZ4 or not at all would otherwise decode to wrong keys silently."""
+    if crc is not None and zlib.crc32(memoryview(raw)[start:]) != crc & 0xFFFFFFFF:
+        raise CorruptFileError(path, "a key page fails its checksum")
 
 
 def _holds(values: bytes, start: int, key: bytes) -> bool:
@@ -212,7 +223,7 @@ def footer_bytes(descriptor: int, path: str) -> bytes:
 @functools.lru_cache(maxsize=64)
 def parquet_footer(path: str) -> tuple[bytes, dict]:
     """A base file's footer, raw and decoded: `key_pages` and `row_pages.file_pages` both start from it."""
-    with open(path, "rb") as f:
+    with naming_damage(path), open(path, "rb") as f:
         raw = footer_bytes(f.fileno(), path)
     return raw, read_struct(raw, 0, path)[0]
 

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import CorruptFileError, InvalidInputError
+from .errors import CorruptFileError, InvalidInputError, naming_damage
 from .instant import validate_time
 from .schemas import schema
 from .storage import Storage
@@ -131,18 +131,20 @@ def write_container(storage: Storage, path: str, schema: Any, records: Iterable[
     storage.write_atomic(path, buf.getvalue())
 
 
-def read_container(storage: Storage, path: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    """Header metadata and every record; a short or unreadable file is a CorruptFileError naming it."""
-    data = _read(storage, path)
+def read_container(storage: Storage, path: str, metadata: bool = False) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """Header metadata and every record; a short, unreadable or missing file is a CorruptFileError naming it
+    (`metadata`: a metadata table's, which a rebuild restores)."""
+    with naming_damage(path, metadata=metadata):
+        data = storage.read(path)
     try:
         reader = fastavro.reader(io.BytesIO(data))
         meta = dict(reader.metadata)
         records = list(reader)
         expected = int(meta["metatable.count"])
     except Exception as e:  # fastavro raises assorted types on garbage
-        raise CorruptFileError(path, f"unreadable log block ({type(e).__name__}: {e})") from None
+        raise CorruptFileError(path, f"unreadable log block ({type(e).__name__}: {e})", metadata=metadata) from None
     if len(records) != expected:
-        raise CorruptFileError(path, f"truncated log block: {len(records)} of {expected} records")
+        raise CorruptFileError(path, f"truncated log block: {len(records)} of {expected} records", metadata=metadata)
     return meta, records
 
 
@@ -197,16 +199,9 @@ def _lengths(values: pa.Array) -> pa.Array:
 
 
 def read_log(storage: Storage, path: str) -> LogBlock:
-    meta, records = read_container(storage, path)
+    meta, records = read_container(storage, path, metadata=True)
     try:
         return LogBlock(meta["metatable.instant"], BlockKind(meta["metatable.block_kind"]),
                         [(r["key"], r["value"]) for r in records], meta.get("metatable.target_instant"))
     except (KeyError, ValueError) as e:
-        raise CorruptFileError(path, f"log header lacks {e}") from None
-
-
-def _read(storage: Storage, path: str) -> bytes:
-    try:
-        return storage.read(path)
-    except FileNotFoundError:
-        raise CorruptFileError(path, "log file vanished (cleaned while being read?)") from None
+        raise CorruptFileError(path, f"log header lacks {e}", metadata=True) from None

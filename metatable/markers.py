@@ -21,5 +21,4 @@ def marked_files(storage: Storage, paths: TablePaths, instant: str) -> list[str]
 
 def clear(storage: Storage, paths: TablePaths, instant: str) -> None:
     directory = paths.markers(instant)
-    for name in storage.list(directory):
-        storage.delete(os.path.join(directory, name))
+    storage.remove_dir(directory)

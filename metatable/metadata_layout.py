@@ -21,7 +21,7 @@ from .metadata_file_group import SST_EXTENSION, MetadataFileGroup, Snapshot, res
 from .metadata_records import KINDS, RecordKind
 from .paths import TablePaths
 from .sst_file import SstCache
-from .storage import Storage
+from .storage import Storage, read_json
 
 COMPACTION_TOKEN = "compacted"  # fixed, so a resumed compaction rewrites its base instead of leaving a twin
 
@@ -47,14 +47,14 @@ class MetadataLayout:
     def reload(self) -> bool:
         """Re-read the partitions from the properties (the data table's indexer adds and drops them); returns
         whether they changed."""
-        partitions = dict(json.loads(self.storage.read(self.paths.properties))["partitions"])
+        partitions = dict(read_json(self.storage, self.paths.properties, metadata=True)["partitions"])
         changed = partitions != self.partitions
         self.partitions = partitions
         return changed
 
     def save(self, partitions: Mapping[str, int]) -> None:
         """Replace the partitions in the properties (atomically; callers hold the lock)."""
-        props = json.loads(self.storage.read(self.paths.properties))
+        props = read_json(self.storage, self.paths.properties, metadata=True)
         props["partitions"] = dict(partitions)
         self.storage.write_atomic(self.paths.properties, json.dumps(props, indent=2, sort_keys=True).encode())
         self.partitions = dict(partitions)

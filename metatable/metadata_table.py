@@ -14,12 +14,14 @@ the shared lifecycle (`metadata_services`), run after commits when
 """
 from __future__ import annotations
 
+import datetime as dt
 import heapq
+import itertools
 import json
 import logging
 import os
 import time as _time
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import fastavro
 import numpy as np
@@ -29,9 +31,9 @@ from indexes.arrow_keys import hash32_array
 from indexes.keys import group_by_bucket
 
 from . import config
-from .errors import InvalidInputError, TableExistsError, TableNotFoundError, TimelineError
+from .errors import CorruptFileError, InvalidInputError, TableExistsError, TableNotFoundError, TimelineError
 from .faults import crash_point
-from .instant import Action, Instant, State
+from .instant import Action, Instant, State, time_from_datetime
 from .lifecycle import run_due
 from .lock import TableLock
 from .log_file import BlockKind, Entries, LogBlock, LogFile, write_log
@@ -41,13 +43,61 @@ from .metadata_records import KINDS, Record, RecordKind
 from .metadata_services import (CleanReport, CompactionReport, MetadataUndo, clean_service, compaction_service,
                                 execute_clean, pending_compaction_plans)
 from .paths import TablePaths
-from .storage import LocalStorage, Storage
+from .storage import LocalStorage, Storage, read_json
 from .timeline import Timeline
 from .transaction import Transactions
 
 log = logging.getLogger(__name__)
 
 __all__ = ["MetadataTable", "CompactionReport", "CleanReport"]
+
+
+class Scan(Iterator[tuple[str, Record]]):
+    """A scan's records, streamed (a partition may hold millions); its repr shows the first few."""
+
+    SHOWN = 5
+
+    def __init__(self, partition: str, prefix: str, records: Callable[[], Iterator[tuple[str, Record]]]) -> None:
+        self.partition = partition
+        self.prefix = prefix
+        self._records = records
+        self._stream: Iterator[tuple[str, Record]] | None = None
+
+    def __next__(self) -> tuple[str, Record]:
+        if self._stream is None:
+            self._stream = self._records()
+        return next(self._stream)
+
+    def __repr__(self) -> str:
+        first = list(itertools.islice(self._records(), self.SHOWN + 1))
+        lines = [f"  {key!r}: {record!r}" for key, record in first[:self.SHOWN]]
+        more = "\n  ... (iterate, or list(), for all)" if len(first) > self.SHOWN else ""
+        return f"scan of {self.partition!r} (prefix {self.prefix!r}):\n" + "\n".join(lines or ["  (no records)"]) + more
+
+
+def properties_partitions(storage: Storage, paths: TablePaths) -> dict[str, int] | None:
+    """The partitions a metadata table's properties list (None when they are missing or unreadable)."""
+    try:
+        return dict(read_json(storage, paths.properties)["partitions"])
+    except (OSError, CorruptFileError, KeyError, TypeError):
+        return None
+
+
+def finish_swap(storage: Storage, paths: TablePaths, damaged: TablePaths | None = None) -> bool:
+    """Put a rebuilt metadata table (complete: its marker written) in place of the data table's current one,
+    which moves to `damaged` (default: named by now). A crash between the renames leaves no current table
+    and the rebuilt one complete: the next open calls this again. Returns whether it swapped."""
+    staging = paths.metadata_rebuild
+    if not storage.exists(staging.rebuilt_marker):
+        return False
+    current = paths.metadata.root
+    if storage.exists(current):
+        moved = damaged or paths.metadata_damaged(time_from_datetime(dt.datetime.now(dt.timezone.utc)))
+        storage.move_dir(current, moved.root)
+        crash_point("rebuild.swap")
+    storage.move_dir(staging.root, current)
+    storage.delete(paths.metadata.rebuilt_marker)
+    return True
 
 
 class MetadataTable:
@@ -58,7 +108,7 @@ class MetadataTable:
         paths = TablePaths(root)
         if not self.storage.exists(paths.properties):
             raise TableNotFoundError(f"no metadata table at {root} (missing {paths.properties}); create it first")
-        props = json.loads(self.storage.read(paths.properties))
+        props = read_json(self.storage, paths.properties, metadata=True)
         self.options = config.resolve({**props.get("options", {}), **(options or {})})
         lock = authority.lock if authority else TableLock(paths.lock, self.options["lock.timeout_s"])
         self.timeline = Timeline(self.storage, root, lock, self.options["heartbeat.interval_s"],
@@ -181,8 +231,12 @@ class MetadataTable:
             out.update(self._group(partition, index).get_visible(group_keys))
         return out
 
-    def scan(self, partition: str, prefix: str = "") -> Iterator[tuple[str, Record]]:
-        """(key, record) for every present key starting with `prefix`, in key order."""
+    def scan(self, partition: str, prefix: str = "") -> Scan:
+        """(key, record) for every present key starting with `prefix`, in key order, streamed."""
+        self.kind(partition)
+        return Scan(partition, prefix, lambda: self._scan(partition, prefix))
+
+    def _scan(self, partition: str, prefix: str) -> Iterator[tuple[str, Record]]:
         kind = self.kind(partition)
         streams = [self._group(partition, i).scan(prefix) for i in range(self.partitions[partition])]
         for key, record in heapq.merge(*streams, key=lambda kv: kv[0]):

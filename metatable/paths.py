@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from indexes.keys import NON_PARTITIONED
 
 META_DIR = ".metatable"
+SST_CACHE = "sst_cache"
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,22 @@ class TablePaths:
         return TablePaths(os.path.join(self.meta, "metadata"))
 
     @property
+    def metadata_rebuild(self) -> TablePaths:
+        """Where `metatable metadata rebuild` builds the new metadata table before swapping it in."""
+        return TablePaths(os.path.join(self.meta, "metadata.rebuild"))
+
+    def metadata_damaged(self, time: str) -> TablePaths:
+        """Where a rebuild moves the metadata table it replaces (kept for inspection; delete it at will)."""
+        return TablePaths(os.path.join(self.meta, f"metadata.damaged-{time}"))
+
+    @property
+    def rebuilt_marker(self) -> str:
+        """In a rebuilt metadata table: written once it is complete, so a crashed swap can be finished."""
+        return os.path.join(self.meta, "rebuilt")
+
+    @property
     def sst_cache(self) -> str:
-        return os.path.join(self.meta, "sst_cache")
+        return os.path.join(self.meta, SST_CACHE)
 
     def partition_dir(self, partition: str) -> str:
         return self.root if partition == NON_PARTITIONED else os.path.join(self.root, partition)

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from indexes.keys import column_stats_key
 
@@ -15,7 +14,7 @@ from .context import TableContext
 from .data_log import log_row_count
 from .file_slice import FileSlice
 from .scan_filter import Conjunct, may_match, row_mask, spark_condition, validate
-from .slice_reader import read_slice
+from .slice_reader import base_metadata, read_slice
 from .spark_engine import active_session, read_dataframe
 
 log = logging.getLogger(__name__)
@@ -80,7 +79,7 @@ def file_group_stats(context: TableContext, as_of: str | None = None) -> list[di
         base_rows = base_bytes = 0
         if fs.base:
             path = paths.file(partition, fs.base.file_name)
-            base_rows = pq.read_metadata(path).num_rows
+            base_rows = base_metadata(path).num_rows
             base_bytes = storage.size(path)
         log_paths = [paths.file(partition, lf.file_name) for lf in fs.logs]
         out.append({"partition": partition, "file_id": file_id, "base_rows": base_rows, "base_bytes": base_bytes,

@@ -22,7 +22,6 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from indexes.arrow_keys import hash32_array
 from indexes.consistent_hashing import ResizeLimits, Ring, plan_resize, under_resize
@@ -36,7 +35,7 @@ from .errors import ConflictError
 from .file_slice import FileSlice
 from .instant import Instant
 from .log_file import LogFile
-from .slice_reader import key_column, read_slice
+from .slice_reader import key_column, read_base, read_slice
 from .table_config import KEY_COLUMN
 from .timeline_view import WRITE_ACTIONS, TimelineView
 from .written import WrittenFile
@@ -186,7 +185,7 @@ class CatchUp:
                     out.append(WrittenFile(partition, file_id, target.file_name, "log", context.storage.size(path), 0))
             else:  # merged into the child's base file, rewritten under the same name
                 rows = [dual_rows(context.storage, context.paths, config, partition, n) for n in names]
-                current = pq.read_table(context.paths.file(partition, base.file_name), schema=config.storage_schema) \
+                current = read_base(context.paths.file(partition, base.file_name), config.storage_schema) \
                     if base is not None else None
                 out = [f for f in out if f is not base]
                 out.append(merge_into_base(context.storage, context.paths, config, self.instant, partition, file_id,

@@ -111,6 +111,7 @@ def read_rows(wanted: Sequence[tuple[FilePages, np.ndarray]], columns: Sequence[
 def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> list[pa.Array]:
     variants: dict[bytes, list[tuple]] = {}  # files whose column has another schema element get their own copy
     decoded_rows: dict[bytes, int] = {}  # rows each variant's copy holds so far
+    owners: dict[bytes, list[str]] = {}  # the file of each group, to name a damaged one
     places: list[tuple[bytes, np.ndarray]] = []
     for pages, rows in wanted:
         column = pages.names.index(name)
@@ -134,6 +135,7 @@ def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> l
                 data = [os.pread(descriptor, int(chunk.sizes[p]), int(chunk.offsets[p])) for p in chosen]
                 dictionary = _dictionary(descriptor, chunk, data, pages.path)
                 groups.append((chunk.meta, dictionary, data, int(counts.sum())))
+                owners.setdefault(element, []).append(pages.path)
                 base += int(counts.sum())
         finally:
             os.close(descriptor)
@@ -143,13 +145,26 @@ def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> l
     for element, groups in variants.items():
         if groups:
             try:
-                decoded[element] = pq.read_table(pa.BufferReader(mini_parquet(element, groups))).column(0) \
-                    .combine_chunks()
+                decoded[element] = _decode(element, groups)
             except (OSError, pa.ArrowException) as e:
-                files = ", ".join(pages.path for pages, _ in wanted)
-                raise CorruptFileError(files, f"the pages of column {name!r} do not decode: {e}") from None
+                raise _damaged(element, groups, owners[element], name, e) from None
     return [decoded[element].take(pa.array(positions)) if len(positions) else _empty(decoded, element)
             for element, positions in places]
+
+
+def _decode(element: bytes, groups: list[tuple]) -> pa.Array:
+    return pq.read_table(pa.BufferReader(mini_parquet(element, groups)), page_checksum_verification=True) \
+        .column(0).combine_chunks()
+
+
+def _damaged(element: bytes, groups: list[tuple], owners: list[str], name: str, error: Exception) -> CorruptFileError:
+    """The error naming the file whose pages do not decode: each file's pages decoded on their own."""
+    for path in dict.fromkeys(owners):
+        try:
+            _decode(element, [g for g, owner in zip(groups, owners) if owner == path])
+        except (OSError, pa.ArrowException) as e:
+            return CorruptFileError(path, f"the pages of column {name!r} do not decode: {e}")
+    return CorruptFileError(owners[0], f"the pages of column {name!r} do not decode together: {error}")
 
 
 def _empty(decoded: dict[bytes, pa.Array], element: bytes) -> pa.Array:

@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .data_log import read_data_log
+from .errors import CorruptFileError, naming_damage
 from .file_slice import FileSlice
 from .key_pages import key_pages
 from .paths import TablePaths
@@ -19,6 +20,23 @@ from .table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
 
 def base_path(paths: TablePaths, fs: FileSlice) -> str | None:
     return paths.file(fs.partition, fs.base.file_name) if fs.base else None
+
+
+def read_base(path: str, schema: pa.Schema | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+    """A base file, read whole (or `columns` of it), its pages' checksums verified: a damaged or missing file
+    is an error naming it."""
+    with naming_damage(path):
+        if schema is not None:  # a damaged footer that renames a column would read as a column of nulls
+            unknown = set(pq.read_schema(path).names) - set(schema.names)
+            if unknown:
+                raise CorruptFileError(path, f"it has columns {sorted(unknown)} that the table does not: its footer "
+                                             "is damaged")
+        return pq.read_table(path, schema=schema, columns=columns, page_checksum_verification=True)
+
+
+def base_metadata(path: str) -> pq.FileMetaData:
+    with naming_damage(path):
+        return pq.read_metadata(path)
 
 
 def log_tables(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice,
@@ -32,7 +50,7 @@ def read_slice(storage: Storage, paths: TablePaths, config: TableConfig, fs: Fil
     """Every live row of the slice in the storage schema (base only when `read_optimized`)."""
     schema = config.storage_schema
     path = base_path(paths, fs) if fs else None
-    base = pq.read_table(path, schema=schema) if path else schema.empty_table()
+    base = read_base(path, schema) if path else schema.empty_table()
     if read_optimized or fs is None or not fs.logs:
         return base
     logs = log_tables(storage, paths, config, fs, config.log_schema.names)
@@ -53,7 +71,7 @@ class SortedKeys:
     a long-lived process can keep these across batches)."""
 
     def __init__(self, path: str) -> None:
-        column = pq.read_table(path, columns=[KEY_COLUMN])[KEY_COLUMN].cast(pa.binary())
+        column = read_base(path, columns=[KEY_COLUMN])[KEY_COLUMN].cast(pa.binary())
         self.keys = np.sort(np.array(column.to_pylist(), dtype="S"))  # UTF-8 bytes sort like the strings
 
     def contains(self, candidates: list[str]) -> np.ndarray:
@@ -76,7 +94,7 @@ def base_keys_present(path: str, candidates: pa.Array | pa.ChunkedArray) -> tupl
 
 def key_column(path: str) -> tuple[pa.ChunkedArray, int]:
     """A base file's whole record-key column, and its bytes in the file."""
-    with pq.ParquetFile(path) as parquet:
+    with naming_damage(path), pq.ParquetFile(path, page_checksum_verification=True) as parquet:
         column = parquet.read(columns=[KEY_COLUMN])[KEY_COLUMN]
         leaf = [parquet.schema.column(i).path for i in range(len(parquet.schema))].index(KEY_COLUMN)
         return column, sum(parquet.metadata.row_group(i).column(leaf).total_compressed_size

@@ -16,12 +16,13 @@ import shutil
 import threading
 import uuid
 from collections import OrderedDict
+from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 from rocksdict import (AccessType, BlockBasedOptions, Cache, IngestExternalFileOptions, Options, Rdict,
                        SstFileWriter)
 
-from .errors import CorruptFileError
+from .errors import CorruptFileError, MissingFileError
 from .storage import TEMP_MARK, Storage
 
 log = logging.getLogger(__name__)
@@ -71,30 +72,48 @@ class SstReader:
         self.path = path
 
     def get(self, key: bytes) -> bytes | None:
-        return self._db.get(key)
+        with self._checked():
+            return self._db.get(key)
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        return self._db.get(keys) if keys else []
+        with self._checked():
+            return self._db.get(keys) if keys else []
 
     def scan(self, prefix: bytes = b"", start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        it = self._db.iter()
-        it.seek(max(prefix, start or b""))
-        while it.valid():
-            key = it.key()
-            if not key.startswith(prefix):
-                return
-            yield key, it.value()
-            it.next()
+        with self._checked():
+            it = self._db.iter()
+            it.seek(max(prefix, start or b""))
+            while it.valid():
+                key = it.key()
+                if not key.startswith(prefix):
+                    return
+                yield key, it.value()
+                it.next()
+            it.status()  # an iterator stops at a corrupt block as if at the end: this raises its error
 
     def min_key(self) -> bytes | None:
-        it = self._db.iter()
-        it.seek_to_first()
-        return it.key() if it.valid() else None
+        return self._end(first=True)
 
     def max_key(self) -> bytes | None:
-        it = self._db.iter()
-        it.seek_to_last()
-        return it.key() if it.valid() else None
+        return self._end(first=False)
+
+    def _end(self, first: bool) -> bytes | None:
+        with self._checked():
+            it = self._db.iter()
+            it.seek_to_first() if first else it.seek_to_last()
+            if not it.valid():
+                it.status()  # empty, or stopped at a corrupt block
+            return it.key() if it.valid() else None
+
+    @contextmanager
+    def _checked(self) -> Iterator[None]:
+        """RocksDB verifies block checksums as it reads; its `Corruption: ...` becomes an error naming the file."""
+        try:
+            yield
+        except Exception as e:
+            if "Corruption" not in str(e):
+                raise
+            raise CorruptFileError(self.path, str(e), metadata=True) from None
 
     def close(self) -> None:
         self._db.close()
@@ -118,7 +137,7 @@ class SstCache:
         try:
             name = self.entry_name(path)
         except FileNotFoundError:
-            raise CorruptFileError(path, "SST base file is missing (cleaned while in use?)") from None
+            raise MissingFileError(path, "the SST base file is gone (cleaned while in use?)", metadata=True) from None
         with self._mutex:
             reader = self._open.get(name)
             if reader is not None:
@@ -153,7 +172,7 @@ class SstCache:
                 db.close()
         except Exception as e:
             shutil.rmtree(building, ignore_errors=True)
-            raise CorruptFileError(path, f"not a readable SST file ({e}); restore it or roll back its instant") from None
+            raise CorruptFileError(path, f"not a readable SST file ({e})", metadata=True) from None
         finally:
             if os.path.exists(staged):
                 os.unlink(staged)

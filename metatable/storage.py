@@ -7,10 +7,14 @@ which `local_path` provides (a remote store would stage a copy there).
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import uuid
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+from .errors import CorruptFileError
 
 
 class Storage(Protocol):
@@ -25,6 +29,8 @@ class Storage(Protocol):
     def staging_path(self, path: str) -> str: ...
     def local_path(self, path: str) -> str: ...
     def makedirs(self, path: str) -> None: ...
+    def move_dir(self, source: str, target: str) -> None: ...
+    def remove_dir(self, path: str) -> None: ...
 
 
 TEMP_MARK = ".tmp-"
@@ -99,3 +105,21 @@ class LocalStorage:
     def makedirs(self, path: str) -> None:
         if path:
             os.makedirs(path, exist_ok=True)
+
+    def move_dir(self, source: str, target: str) -> None:
+        """Rename a directory (atomic on one filesystem); `target` must not exist."""
+        os.rename(source, target)
+
+    def remove_dir(self, path: str) -> None:
+        """Delete a directory and everything in it (nothing if it does not exist)."""
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def read_json(storage: Storage, path: str, *, metadata: bool = False) -> Any:
+    """A JSON file (table.json, a metadata table's properties); one that does not decode is a CorruptFileError
+    naming it (a missing one raises FileNotFoundError: callers decide what absent means)."""
+    raw = storage.read(path)
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise CorruptFileError(path, f"not valid JSON ({e})", metadata=metadata) from None

@@ -11,13 +11,15 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
-from . import clean, clustering, compaction, indexer, maintenance, reads
+from . import clean, clustering, compaction, fsck, indexer, maintenance, reads, rebuild
 from .context import TableContext
 from .errors import InvalidInputError, MetatableError, RollbackError
 from .file_slice import FileSlice
+from .fsck import FsckReport
 from .instant import Action, Instant
 from .key_lookup import get_rows, keys_table, locate
 from .locator import MetadataIndex
+from .rebuild import RebuildReport
 from .scan_filter import Conjunct
 from .storage import Storage
 from .table_config import IndexConfig, TableConfig, as_tuple, normalize_schema
@@ -95,9 +97,11 @@ class Table:
         maintenance.after_commit(self.context, client.action)
         return result
 
-    def rollback(self, instant: str | None = None, force: bool = False) -> list[str]:
-        """Roll back failed writes: every expired pending write, or the given pending instant
-        (`force` rolls it back even if its writer still beats). Completed instants stay."""
+    def rollback(self, instant: str | None = None, force: bool = False) -> dict[str, str]:
+        """Recover from dead processes: roll back every pending write whose writer died, reset a service
+        (compaction, clustering, indexing) whose process died so it runs again, finish a dead clean; or roll back
+        the given pending instant (`force`: even if its process still beats). Completed instants stay. Returns
+        instant -> what was done."""
         transactions = self.context.transactions
         with transactions.lock.held():
             if instant is None:
@@ -113,7 +117,7 @@ class Table:
                     raise RollbackError(f"instant {instant} is still running (its writer beats); pass force to "
                                         "roll it back anyway")
                 transactions.rollback(found)
-                done = [instant]
+                done = {instant: f"{found.action.value}: rolled back"}
         self.metadata.refresh()
         return done
 
@@ -242,6 +246,20 @@ class Table:
     def index_status(self) -> list[dict[str, Any]]:
         """Per metadata index: state, file groups, records, and the instant it is current to."""
         return indexer.status(self.context)
+
+    def rebuild_metadata(self) -> RebuildReport:
+        """Rebuild the metadata table from the data files and the completed timeline, and swap it in (see
+        `rebuild`): what a corrupt or lost metadata file's error asks for."""
+        try:
+            return rebuild.rebuild(self.context)
+        finally:
+            self._reopen()
+
+    def fsck(self, repair: bool = False) -> FsckReport:
+        """Check every file the table references (present, readable, checksums) and the metadata table; with
+        `repair`, remove what dead processes left (staging files, markers, spilled input, files of instants that
+        are gone). See `fsck`."""
+        return fsck.check(self.context, repair)
 
     def _reopen(self) -> None:
         """See the index states of now (this object reads, looks up and tags with the ready ones)."""

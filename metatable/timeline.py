@@ -10,6 +10,7 @@ import json
 import datetime as dt
 import logging
 import os
+import time
 from typing import Any, Iterable, Sequence
 
 import fastavro
@@ -29,6 +30,7 @@ AVRO_PLANS = {Action.REPLACECOMMIT: "clustering_plan"}  # requested plans kept a
 
 
 FUTURE_ALLOWANCE = dt.timedelta(hours=1)  # how far ahead of this clock another writer's may be
+LISTINGS = 5  # listings of the timeline before a state gap is refused
 
 
 class Timeline:
@@ -45,9 +47,26 @@ class Timeline:
 
     # -- reading -------------------------------------------------------------------------------
     def instants(self) -> list[Instant]:
-        """Each instant in its latest state, oldest first. A file dated in the future (beyond
-        FUTURE_ALLOWANCE of clock skew) is refused: taken as real, it would date every later instant after it."""
+        """Each instant in its latest state, oldest first. Refused with a TimelineError naming the file: one dated
+        in the future (beyond FUTURE_ALLOWANCE of clock skew: taken as real, it would date every later instant
+        after it), and a state without the states before it (every instant is requested, then started, then
+        completed, and its files are removed latest first, so only a forged or half-copied one lacks them). A
+        listing taken while another process removes an instant may miss some of its files and not others, so
+        such a gap is listed again before it is refused."""
+        for attempt in range(1, LISTINGS + 1):
+            latest, gap = self._listing()
+            if gap is None:
+                return sorted(latest.values())
+            if attempt < LISTINGS:
+                time.sleep(0.01 * attempt)
+        raise TimelineError(f"timeline file {os.path.join(self.dir, gap[0].file_name)} has no {gap[1].value} state "
+                            "before it: a forged or half-copied instant. Move it out of the timeline (or restore its "
+                            "missing state files); nothing of it was read")
+
+    def _listing(self) -> tuple[dict[tuple[str, Action], Instant], tuple[Instant, State] | None]:
+        """The latest state of each instant in one directory listing, and an instant lacking an earlier state."""
         latest: dict[tuple[str, Action], Instant] = {}
+        states: dict[tuple[str, Action], set[State]] = {}
         horizon = time_from_datetime(dt.datetime.now(dt.timezone.utc) + FUTURE_ALLOWANCE)
         for name in self.storage.list(self.dir):
             if is_temporary(name) or name.startswith("."):
@@ -61,9 +80,14 @@ class Timeline:
                                     f"now plus {FUTURE_ALLOWANCE} of clock skew: a forged or misplaced file (or a "
                                     "clock far behind). Move it out of the timeline; nothing of it was read")
             key = (instant.time, instant.action)
+            states.setdefault(key, set()).add(instant.state)
             if key not in latest or _STATE_RANK[instant.state] > _STATE_RANK[latest[key].state]:
                 latest[key] = instant
-        return sorted(latest.values())
+        for key, instant in latest.items():
+            for state, rank in _STATE_RANK.items():
+                if rank < _STATE_RANK[instant.state] and state not in states[key]:
+                    return latest, (instant, state)
+        return latest, None
 
     def completed(self, actions: Iterable[Action] | None = None) -> list[Instant]:
         wanted = set(actions) if actions is not None else None
@@ -140,7 +164,10 @@ class Timeline:
         return self.transition(instant, State.INFLIGHT)
 
     def complete(self, instant: Instant, metadata: dict[str, Any] | None = None) -> Instant:
-        return self.transition(instant, State.COMPLETED, metadata or {})
+        """Complete the instant; its heartbeat goes (a roll-forward finished for a dead process leaves none)."""
+        done = self.transition(instant, State.COMPLETED, metadata or {})
+        self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
+        return done
 
     def revert(self, instant: Instant) -> Instant:
         """An inflight instant back to requested (its plan stays), for a service whose process died."""

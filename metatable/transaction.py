@@ -164,24 +164,27 @@ class Transactions:
                 self.timeline.remove(target)
         return self.timeline.complete(rb, {**plan, **details})
 
-    def recover(self) -> list[str]:
+    def recover(self) -> dict[str, str]:
         """Finish interrupted rollbacks; then, for instants whose process stopped beating, roll back writes,
-        reset inflight services to requested and finish roll-forward ones. Returns the instants rolled back."""
+        reset inflight services to requested and finish roll-forward ones. Returns instant -> what was done."""
         with self.lock.held():
             for rb in self.timeline.pending([Action.ROLLBACK]):
                 self._finish_rollback(rb, self.timeline.plan(rb))
-            gone = []
+            done = {}
             for instant in self.timeline.pending([*self.writes, *self.services, *self.roll_forward]):
                 if not self.timeline.is_expired(instant):
                     continue
+                what = instant.action.value
                 if instant.action in self.services:
                     if instant.state is State.INFLIGHT:
                         self.reset(instant)
+                        done[instant.time] = f"{what}: its process died; reset to requested, it runs again"
                 elif instant.action in self.roll_forward:
-                    log.warning("finishing %s %s: its process stopped", instant.action.value, instant.time)
+                    log.warning("finishing %s %s: its process stopped", what, instant.time)
                     self.roll_forward[instant.action](instant)
+                    done[instant.time] = f"{what}: its process died; finished"
                 else:
-                    log.warning("rolling back %s %s: its writer stopped", instant.action.value, instant.time)
+                    log.warning("rolling back %s %s: its writer stopped", what, instant.time)
                     self.rollback(instant)
-                    gone.append(instant.time)
-            return gone
+                    done[instant.time] = f"{what}: its writer died; rolled back"
+            return done

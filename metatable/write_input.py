@@ -5,6 +5,7 @@ In-process writes take a pyarrow Table, or a stream read in chunks (`WriteStream
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Iterable, Iterator
 
@@ -12,8 +13,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from indexes.arrow_keys import NULL_PARTITION
+
 from .errors import InvalidInputError
 from .table_config import TableConfig
+
+log = logging.getLogger(__name__)
 
 READ_AHEAD = 2  # batches a stream's scanner decodes ahead of the write
 
@@ -163,6 +168,10 @@ def conform(batch: pa.Table, config: TableConfig, operation: str) -> pa.Table:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise InvalidInputError(f"column {field.name!r} has type {batch.schema.field(field.name).type}, which "
                                     f"does not convert to the table's {field.type}: {e}") from None
+    for name in config.partition_by:
+        if name in target.names and (nulls := batch[name].null_count):
+            log.warning("%d rows have a null %r: they go to the partition %s=%s and read back as null", nulls, name,
+                        name, NULL_PARTITION)
     return pa.table(columns, names=target.names)
 
 

@@ -1,7 +1,7 @@
 """Child process for table concurrency tests: one action from JSON arguments, result on stdout.
 
 usage: python -m tests.metatable.table_writer_child ROOT OPERATION ROWS_JSON [OPTIONS_JSON [START_AT]]
-OPERATION: upsert, insert, delete, compact, schedule_compaction or run_compaction. START_AT: a wall-clock
+OPERATION: upsert, insert, delete, or a Table method without arguments (compact, clean, rebuild_metadata...). START_AT: a wall-clock
 time to wait for, so that several children act at once.
 exit 0: done (prints the WriteResult or the instants as JSON); exit 3: ConflictError (prints the message).
 """
@@ -32,7 +32,8 @@ def main() -> None:
             result = getattr(table, operation)(data if operation != "delete" else data.select(["id", "p"]))
             print(json.dumps(dataclasses.asdict(result)))
         else:
-            print(json.dumps(getattr(table, operation)()))
+            done = getattr(table, operation)()
+            print(json.dumps(dataclasses.asdict(done) if dataclasses.is_dataclass(done) else done))
     except ConflictError as e:
         print(str(e))
         sys.exit(3)

@@ -48,7 +48,7 @@ def test_table_session(capsys, files):
     code, out, _ = run(capsys, "stats", t)
     assert "pending logs" in out and "p=a" in out
     assert "compacted at" in run(capsys, "compact", t)[1]
-    assert run(capsys, "rollback", t)[1] == "no failed writes to roll back\n"
+    assert run(capsys, "rollback", t)[1] == "nothing to recover: no failed write or dead service\n"
     code, out, _ = run(capsys, "timeline", t)
     assert out.count("deltacommit") == 3 and "compaction" in out
     code, out, _ = run(capsys, "metadata", "scan", t, "files")
