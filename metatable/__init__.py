@@ -12,7 +12,8 @@ _EXPORTS = {
     "MetatableError": "metatable.errors",
     "Table": "metatable.table",
     "WriteResult": "metatable.table",
-    "spark_session": "metatable.spark_engine",
+    "register": "metatable.spark_source",
+    "spark_session": "metatable.spark_source",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -36,7 +36,8 @@ from .storage import TEMP_MARK, is_temporary
 
 log = logging.getLogger(__name__)
 
-STAGING_MAX_AGE_S = 3600.0  # a staging file outside the data partitions (timeline, metadata) this old is dead
+STAGING_MAX_AGE_S = 3600.0  # a staging file outside the data partitions (timeline, metadata, a Spark data source
+# job's rows) this old is dead
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,8 @@ def find_leftovers(context: TableContext, instants: list[Instant]) -> Iterator[s
         for name in storage.list(directory):
             if name.isdigit() and dead(name):
                 yield of(name) if of else os.path.join(directory, name)
+            elif kind == "spill" and age(os.path.join(directory, name), now) > STAGING_MAX_AGE_S:
+                yield os.path.join(directory, name)  # rows a Spark data source job staged, and never committed
     staging = paths.metadata_rebuild  # callers hold the lock, so no rebuild is running
     if storage.exists(staging.root) and not storage.exists(staging.rebuilt_marker):
         yield staging.root

@@ -19,7 +19,7 @@ import functools
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +28,8 @@ import pyarrow.compute as pc
 from .errors import CorruptFileError, naming_damage
 from .table_config import KEY_COLUMN
 from .thrift_compact import leading_ints, read_struct
+
+R = TypeVar("R")
 
 KEYS_NUL_FREE = b"metatable.keys_nul_free"
 WRITE_BATCH_ROWS = 128  # pyarrow cuts pages only between write batches
@@ -220,7 +222,39 @@ def footer_bytes(descriptor: int, path: str) -> bytes:
     return os.pread(descriptor, length, size - 8 - length)
 
 
-@functools.lru_cache(maxsize=64)
+def footer_fields(read: Callable[..., R]) -> Callable[..., R]:
+    """For a function reading fields of a decoded footer (its first argument the file's path): a damaged footer
+    decodes to fields of other types or none, and that is a CorruptFileError naming the file."""
+    @functools.wraps(read)
+    def reading(path: str, *args: Any) -> R:
+        try:
+            return read(path, *args)
+        except (AttributeError, TypeError, KeyError, IndexError, UnicodeDecodeError, RecursionError) as e:
+            raise CorruptFileError(path, f"its footer does not decode as Parquet's ({type(e).__name__}: {e})") from None
+    return reading
+
+
+def cached_per_file(maxsize: int) -> Callable[[Callable[[str], R]], Callable[[str], R]]:
+    """An LRU cache of what is read from a file, keyed by its path and identity (inode, size, mtime): base
+    files never change in place, but a resize rewrites one under the same name (a new inode), and a cache by
+    path alone served the old footer for the new file. `cache_clear` forgets everything."""
+    def wrap(read: Callable[[str], R]) -> Callable[[str], R]:
+        @functools.lru_cache(maxsize=maxsize)
+        def cached(path: str, identity: tuple[int, int, int]) -> R:
+            return read(path)
+
+        @functools.wraps(read)
+        def reading(path: str) -> R:
+            with naming_damage(path):
+                st = os.stat(path)
+            return cached(path, (st.st_ino, st.st_size, st.st_mtime_ns))
+
+        reading.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+        return reading
+    return wrap
+
+
+@cached_per_file(maxsize=64)
 def parquet_footer(path: str) -> tuple[bytes, dict]:
     """A base file's footer, raw and decoded: `key_pages` and `row_pages.file_pages` both start from it."""
     with naming_damage(path), open(path, "rb") as f:
@@ -228,12 +262,13 @@ def parquet_footer(path: str) -> tuple[bytes, dict]:
     return raw, read_struct(raw, 0, path)[0]
 
 
-@functools.lru_cache(maxsize=512)
+@cached_per_file(maxsize=512)
+@footer_fields
 def key_pages(path: str) -> KeyPages | None:
     """The page index of `path`'s key column, or None where it cannot serve lookups (no page index, a
     dictionary-encoded or unsorted key column: files written before it existed); then callers read the
-    whole column. Cached: a base file never changes once written and its name is never reused (an
-    entry is ~100 bytes per page: ~0.4 MB for a 128 MB file of 1M rows)."""
+    whole column. Cached per file identity (an entry is ~100 bytes per page: ~0.4 MB for a 128 MB file of
+    1M rows)."""
     footer = parquet_footer(path)[1]
     with open(path, "rb") as f:
         schema = footer.get(2, [])

@@ -53,6 +53,10 @@ class TablePaths:
         """Where an in-process write of a stream keeps its input by file group until it writes them."""
         return os.path.join(self.meta, "spill", instant)
 
+    def source_staging(self, token: str) -> str:
+        """Where the Spark data source's tasks stage their rows for the driver's commit (`spark_source`)."""
+        return os.path.join(self.meta, "spill", f"source-{token}")
+
     def spooled_input(self, instant: str) -> str:
         """A RecordBatchReader's rows, kept (in the spill) when the write must read them twice."""
         return os.path.join(self.spill(instant), "input.arrow")

@@ -11,7 +11,6 @@ that hold the keys, the same way, to find their rows.
 """
 from __future__ import annotations
 
-import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ import pyarrow.parquet as pq
 
 from .config import THREADS
 from .errors import CorruptFileError
-from .key_pages import key_pages, parquet_footer
+from .key_pages import cached_per_file, footer_fields, key_pages, parquet_footer
 from .table_config import KEY_COLUMN
 from .thrift_compact import BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, read_struct, struct_spans
 
@@ -67,10 +66,11 @@ class FilePages:
         return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
 
 
-@functools.lru_cache(maxsize=512)
+@cached_per_file(maxsize=512)
+@footer_fields
 def file_pages(path: str) -> FilePages | None:
     """The page layout of a base file, or None when it cannot serve row reads (a nested schema, a column
-    chunk without an offset index). Cached: base files never change and their names are never reused."""
+    chunk without an offset index). Cached per file identity (`cached_per_file`)."""
     raw, footer = parquet_footer(path)
     with open(path, "rb") as f:
         spans = struct_spans(raw, 0, 2, path)

@@ -11,11 +11,13 @@ import pyarrow.parquet as pq
 from .data_log import read_data_log
 from .errors import CorruptFileError, naming_damage
 from .file_slice import FileSlice
-from .key_pages import key_pages
+from .key_pages import footer_fields, key_pages, parquet_footer
 from .paths import TablePaths
 from .record_merge import merge_versions
 from .storage import Storage
 from .table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
+
+_REPEATED = 2  # a Parquet schema element's repetition type
 
 
 def base_path(paths: TablePaths, fs: FileSlice) -> str | None:
@@ -26,12 +28,51 @@ def read_base(path: str, schema: pa.Schema | None = None, columns: Sequence[str]
     """A base file, read whole (or `columns` of it), its pages' checksums verified: a damaged or missing file
     is an error naming it."""
     with naming_damage(path):
-        if schema is not None:  # a damaged footer that renames a column would read as a column of nulls
-            unknown = set(pq.read_schema(path).names) - set(schema.names)
-            if unknown:
-                raise CorruptFileError(path, f"it has columns {sorted(unknown)} that the table does not: its footer "
-                                             "is damaged")
+        check_footer(path, schema)
         return pq.read_table(path, schema=schema, columns=columns, page_checksum_verification=True)
+
+
+@footer_fields
+def check_footer(path: str, schema: pa.Schema | None) -> None:
+    """What page checksums cannot cover, the footer, checked where it can be: a flipped bit in a column name
+    reads as a column of nulls, one in a row count drops rows (measured: the two kinds of silent damage left
+    when every byte of a base file was flipped in turn). Every flat column of a row group must hold exactly
+    its rows, and the file's count be theirs. The footer is decoded by `thrift_compact`: pyarrow's metadata
+    accessors abort the process on some damaged footers (a C++ exception thrown through a destructor)."""
+    footer = parquet_footer(path)[1]
+    elements = footer.get(2, [])
+    names, leaves, nested, i = [], 0, False, 1
+    while i < len(elements):  # the root's children, each with its subtree
+        top = elements[i]
+        names.append(top.get(4, b"").decode("utf-8", "replace"))
+        width, i = _subtree(elements, i)
+        leaves += width[0]
+        nested |= width[1]
+    if schema is not None and (unknown := set(names) - set(schema.names)):
+        raise CorruptFileError(path, f"it has columns {sorted(unknown)} that the table does not: its footer is damaged")
+    total = 0
+    for g, group in enumerate(footer.get(4, [])):
+        rows = group.get(3, 0)
+        total += rows
+        counts = [chunk.get(3, {}).get(5) for chunk in group.get(1, [])]
+        if len(counts) != leaves or (not nested and any(c != rows for c in counts)):
+            raise CorruptFileError(path, f"row group {g} says {rows} rows and its columns hold {counts}: its footer "
+                                         "is damaged")
+    if total != footer.get(3):
+        raise CorruptFileError(path, f"the footer says {footer.get(3)} rows and its row groups {total}: it is damaged")
+
+
+def _subtree(elements: list[dict], i: int) -> tuple[tuple[int, bool], int]:
+    """(leaves under element i, whether any is repeated or nested) and the index after its subtree."""
+    element = elements[i]
+    children = element.get(5, 0)
+    if not children:
+        return (1, element.get(3) == _REPEATED), i + 1
+    leaves, nested, i = 0, True, i + 1
+    for _ in range(children):
+        (width, _), i = _subtree(elements, i)
+        leaves += width
+    return (leaves, nested), i
 
 
 def base_metadata(path: str) -> pq.FileMetaData:

@@ -117,7 +117,9 @@ class Timeline:
                 return next(iter(fastavro.reader(io.BytesIO(raw))))
             return json.loads(raw)
         except (ValueError, StopIteration, EOFError) as e:
-            raise TimelineError(f"unreadable instant file {path}: {e}") from None
+            raise TimelineError(f"unreadable instant file {path}: {e}. It holds the plan or commit metadata of "
+                                f"{instant.action.value} {instant.time}; restore it from a backup under the same name "
+                                "(`metatable fsck TABLE` checks the rest of the table)") from None
 
     def plan(self, instant: Instant) -> dict[str, Any]:
         return self.read_json(instant.to(State.REQUESTED))

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 import metatable as mt
 from metatable import cli
 from metatable.errors import CorruptFileError, MissingFileError, TimelineError
-from metatable.key_pages import parquet_footer
+from metatable.key_pages import key_pages, parquet_footer
+from metatable.row_pages import file_pages
 
 from .table_model import SCHEMA, check_metadata, data_files_on_disk, sort_rows
 
@@ -50,7 +51,13 @@ def damage(path: str, start: int = 16, length: int = 64) -> None:
     data = bytearray(open(path, "rb").read())
     data[start:start + length] = bytes(b ^ 0x5A for b in data[start:start + length])
     open(path, "wb").write(data)
-    parquet_footer.cache_clear()
+    forget_footers()
+
+
+def forget_footers() -> None:
+    """Base files never change in place, so their footers and page layouts are cached by path; not here."""
+    for cached in (parquet_footer, key_pages, file_pages):
+        cached.cache_clear()
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -110,17 +117,14 @@ def flip_table(tmp_path_factory):
     return t.path, path, open(path, "rb").read(), t.to_arrow().sort_by("id"), t.get(keys).sort_by("id"), keys
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(position=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7))
-def test_a_flipped_bit_anywhere_in_a_base_file_never_reads_wrong_rows(flip_table, position, bit):
-    """Page checksums (written and verified) and the footer's column names: a read either gives the rows
-    written or a CorruptFileError, never other rows."""
+def rows_or_named_error(flip_table, position: int, bit: int) -> None:
+    """A read of the base file with one bit flipped gives the rows written or a CorruptFileError naming it."""
     root, path, original, rows, got, keys = flip_table
     data = bytearray(original)
-    data[int(position * len(data))] ^= 1 << bit
+    data[position] ^= 1 << bit
     try:
         open(path, "wb").write(data)
-        parquet_footer.cache_clear()
+        forget_footers()
         table = mt.Table.open(root)
         for read, expected in ((lambda: table.to_arrow().sort_by("id"), rows),
                                (lambda: table.get(keys).sort_by("id"), got)):
@@ -130,7 +134,24 @@ def test_a_flipped_bit_anywhere_in_a_base_file_never_reads_wrong_rows(flip_table
                 assert e.path == path
     finally:
         open(path, "wb").write(original)
-        parquet_footer.cache_clear()
+        forget_footers()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(position=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7))
+def test_a_flipped_bit_anywhere_in_a_base_file_never_reads_wrong_rows(flip_table, position, bit):
+    """Page checksums (written and verified), and the footer checked for what they cannot cover."""
+    rows_or_named_error(flip_table, int(position * len(flip_table[2])), bit)
+
+
+@pytest.mark.slow
+def test_every_byte_of_the_footer_flipped_never_reads_wrong_rows(flip_table):
+    """The footer has no checksum: column names and row counts are checked (before, 7 of its bytes flipped
+    read a column of nulls and 1 dropped rows)."""
+    original = flip_table[2]
+    footer = int.from_bytes(original[-8:-4], "little") + 8
+    for position in range(len(original) - footer, len(original) - 4):
+        rows_or_named_error(flip_table, position, position % 8)
 
 
 # -- the metadata table ------------------------------------------------------------------------------------
@@ -265,6 +286,10 @@ def test_the_timeline_refuses_forged_instants(tmp_path):
     assert [p.kind for p in t.fsck().problems] == ["timeline"]
     os.remove(half)
     t.upsert(batch([1], "x", 9))
+    commit = f"{timeline}/{t.timeline()[-1].time}.deltacommit"
+    open(commit, "w").write("{torn")
+    with pytest.raises(TimelineError, match=f"unreadable instant file {commit}.*restore it from a backup"):
+        t.rebuild_metadata()  # replays every commit's metadata
 
 
 # -- leftovers and services --------------------------------------------------------------------------------

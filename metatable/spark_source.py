@@ -1,0 +1,210 @@
+"""`format("metatable")`: a table as a Spark data source, through PySpark's Python Data Source API.
+
+- `spark.read.format("metatable").load(path)` reads the snapshot (options `as_of`, `read_optimized`): one
+  input partition per file slice, after the filters Spark pushes down (`==`, `!=`, `<`, `<=`, `>`, `>=`,
+  `IN` on a column) have skipped the slices column stats rule out. Pushed filters are applied to the rows
+  too, so Spark need not apply them again.
+- `df.write.format("metatable").option("operation", "upsert").mode("append").save(path)` writes through
+  `Table`'s own write path and commit protocol: each Spark task stages its rows (Arrow IPC) under
+  `.metatable/spill/`, and the driver's commit streams them into one `Table.upsert` (or `insert`, `delete`,
+  `bulk_insert`) as one instant; an aborted job's staging is deleted, and a dead one's is swept by clean.
+  A missing table is created from the DataFrame's schema and the options `record_key`, `partition_by`,
+  `ordering_field`, `table_type`, `index` (bucket, bloom, record), `num_buckets`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader, EqualTo, Filter,
+                                    GreaterThan, GreaterThanOrEqual, In, InputPartition, LessThan,
+                                    LessThanOrEqual, Not, WriterCommitMessage)
+from pyspark.sql.types import StructType
+
+from . import reads
+from .errors import ConfigError, InvalidInputError
+from .file_slice import FileSlice
+from .paths import TablePaths
+from .scan_filter import Conjunct, row_mask
+from .slice_reader import read_slice
+from .spark_engine import spark_session as local_session, to_spark_schema
+from .storage import LocalStorage
+from .table import Table
+from .table_config import IndexConfig
+
+log = logging.getLogger(__name__)
+
+READ_OPTIONS = {"path", "as_of", "read_optimized"}
+WRITE_OPTIONS = {"path", "operation", "record_key", "partition_by", "ordering_field", "table_type", "index",
+                 "num_buckets"}
+OPERATIONS = ("upsert", "insert", "delete", "bulk_insert")
+_COMPARISONS = {EqualTo: "==", GreaterThan: ">", GreaterThanOrEqual: ">=", LessThan: "<", LessThanOrEqual: "<="}
+
+
+def register(spark: Any) -> None:
+    """Make `format("metatable")` known to this session (`spark_session()` does it for its sessions), with
+    filter pushdown to Python data sources on (off by default in Spark 4)."""
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    spark.dataSource.register(MetatableDataSource)
+
+
+def spark_session(master: str = "local[2]", **conf: Any) -> Any:
+    """`spark_engine.spark_session` with `format("metatable")` registered."""
+    spark = local_session(master, **conf)
+    register(spark)
+    return spark
+
+
+class MetatableDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "metatable"
+
+    def schema(self) -> StructType:
+        return to_spark_schema(Table.open(self._path(READ_OPTIONS)).config.schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        self._path(READ_OPTIONS)
+        return SnapshotReader(dict(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        if overwrite:
+            raise InvalidInputError("a metatable table is written by key: use mode('append') with option "
+                                    f"operation = one of {list(OPERATIONS)} (overwrite is not supported)")
+        path = self._path(WRITE_OPTIONS)
+        operation = self.options.get("operation", "upsert")
+        if operation not in OPERATIONS:
+            raise ConfigError(f"option operation={operation!r} is not one of {list(OPERATIONS)}")
+        return StagedWriter(os.path.abspath(path), operation, dict(self.options), schema)
+
+    def _path(self, allowed: set[str]) -> str:
+        unknown = sorted(set(self.options) - allowed)
+        if unknown:
+            raise ConfigError(f"unknown metatable source option(s) {unknown}; known: {sorted(allowed)}")
+        if not self.options.get("path"):
+            raise InvalidInputError("give the table's path: .load(path) or .save(path)")
+        return self.options["path"]
+
+
+# -- reads ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SlicePartition(InputPartition):
+    file_slice: FileSlice | None  # None: an empty read still has one partition
+
+
+class SnapshotReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.path = options["path"]
+        self.as_of = options.get("as_of")
+        self.read_optimized = options.get("read_optimized", "false").lower() == "true"
+        self.filters: list[Conjunct] = []
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Keep what column stats can judge (and apply to rows); hand the rest back to Spark."""
+        for f in filters:
+            conjunct = to_conjunct(f)
+            if conjunct is None:
+                yield f
+            else:
+                self.filters.append(conjunct)
+
+    def partitions(self) -> list[SlicePartition]:
+        table = Table.open(self.path)
+        plan = reads.scan_plan(table.context, self.as_of, self.filters)
+        log.info("metatable source: %d of %d file slices read (%d skipped by column stats)", len(plan.slices),
+                 plan.total, plan.report["skipped"])
+        return [SlicePartition(fs) for fs in plan.slices] or [SlicePartition(None)]
+
+    def read(self, partition: SlicePartition) -> Iterator[pa.RecordBatch]:
+        if partition.file_slice is None:
+            return
+        table = Table.open(self.path)
+        config = table.config
+        rows = read_slice(table.storage, table.context.paths, config, partition.file_slice, self.read_optimized)
+        rows = rows.select(config.schema.names)
+        if self.filters:
+            rows = rows.filter(row_mask(rows, self.filters))
+        yield from rows.to_batches()
+
+
+def to_conjunct(f: Filter) -> Conjunct | None:
+    """A pushed filter as metatable's (column, op, value), when it is one on a top-level column."""
+    if isinstance(f, Not) and isinstance(f.child, EqualTo) and len(f.child.attribute) == 1:
+        return f.child.attribute[0], "!=", f.child.value
+    op = _COMPARISONS.get(type(f))
+    if op is not None and len(f.attribute) == 1:
+        return f.attribute[0], op, f.value
+    if isinstance(f, In) and len(f.attribute) == 1:
+        return f.attribute[0], "in", list(f.value)
+    return None
+
+
+# -- writes -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Staged(WriterCommitMessage):
+    path: str | None  # one task's rows as an Arrow IPC file (None: the task had none)
+
+
+class StagedWriter(DataSourceArrowWriter):
+    def __init__(self, path: str, operation: str, options: dict[str, str], schema: StructType) -> None:
+        self.path = path
+        self.operation = operation
+        self.options = options
+        self.staging = TablePaths(path).source_staging(uuid.uuid4().hex)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
+        first = next(iterator, None)
+        if first is None:
+            return Staged(None)
+        os.makedirs(self.staging, exist_ok=True)
+        target = os.path.join(self.staging, f"{uuid.uuid4().hex}.arrow")
+        with pa.OSFile(target, "wb") as sink, pa.ipc.new_file(sink, first.schema) as out:
+            out.write_batch(first)
+            for batch in iterator:
+                out.write_batch(batch)
+        return Staged(target)
+
+    def commit(self, messages: list[Staged | None]) -> None:
+        try:
+            files = [m.path for m in messages if m is not None and m.path]
+            table = self._table(files)
+            if files:
+                result = getattr(table, self.operation)(ds.dataset(files, format="arrow"))
+                log.info("metatable source: %s %s: %d inserted, %d updated, %d deleted", self.operation,
+                         result.instant, result.inserted, result.updated, result.deleted)
+        finally:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+    def abort(self, messages: list[Staged | None]) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def _table(self, files: list[str]) -> Table:
+        """The table at the path, or a new one made from the written schema and the options."""
+        if LocalStorage().exists(TablePaths(self.path).table_config):
+            return Table.open(self.path)
+        if self.operation == "delete":
+            raise InvalidInputError(f"no metatable table at {self.path} to delete from")
+        if "record_key" not in self.options:
+            raise InvalidInputError(f"no metatable table at {self.path}: to create one, give option record_key "
+                                    "(and partition_by, ordering_field, table_type, index, num_buckets)")
+        schema = ds.dataset(files, format="arrow").schema if files else None
+        if schema is None:
+            raise InvalidInputError(f"no metatable table at {self.path}, and no rows to create it from")
+        kind = self.options.get("index", "bucket")
+        index = IndexConfig(type=kind, **({"num_buckets": int(self.options["num_buckets"])}
+                                          if "num_buckets" in self.options else {}))
+        return Table.create(self.path, schema, self._columns("record_key"), self._columns("partition_by"),
+                            self.options.get("ordering_field"), self.options.get("table_type", "merge_on_read"), index,
+                            ("column_stats", "bloom_filter") if kind == "bloom" else ("column_stats",))
+
+    def _columns(self, option: str) -> list[str] | None:
+        text = self.options.get(option)
+        return [c.strip() for c in text.split(",")] if text else None
+
+

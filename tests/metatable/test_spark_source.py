@@ -1,0 +1,82 @@
+"""`format("metatable")`: reads with pushed-down filters, writes through the table's own commit, SQL."""
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+import metatable as mt
+from metatable.errors import ConfigError, InvalidInputError
+
+from .table_model import SCHEMA, sort_rows
+
+DDL = "id long, p string, v string, ts long"
+
+
+def rows(ids, p, v, ts):
+    return [(i, p, v, ts) for i in ids]
+
+
+@pytest.fixture
+def table(tmp_path):
+    t = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2))
+    t.insert(pa.Table.from_pylist([{"id": i, "p": p, "v": "old", "ts": i} for i in range(100) for p in "ab"],
+                                  schema=SCHEMA))
+    return t
+
+
+def spark_rows(df) -> list[dict]:
+    return sort_rows([r.asDict() for r in df.collect()])
+
+
+def test_a_read_equals_the_snapshot_and_filters_skip_file_slices(spark, table):
+    df = spark.read.format("metatable").load(table.path)
+    assert spark_rows(df) == sort_rows(table.to_arrow().to_pylist())
+    assert df.rdd.getNumPartitions() == len(table.file_slices())
+    filtered = df.where("p = 'a' and ts >= 90")
+    assert spark_rows(filtered) == sort_rows(table.to_arrow(filter=[("p", "==", "a"), ("ts", ">=", 90)]).to_pylist())
+    assert filtered.rdd.getNumPartitions() == len(table.scan_plan(filter=[("p", "==", "a")])) < len(table.file_slices())
+    assert spark_rows(df.where("id in (1, 2) and v != 'x'")) == sort_rows(
+        [r for r in table.to_arrow().to_pylist() if r["id"] in (1, 2)])
+
+
+def test_writes_go_through_the_tables_commit(spark, table):
+    before = table.timeline()[-1].time
+    batch = spark.createDataFrame(rows(range(95, 105), "a", "new", 200), DDL)
+    batch.write.format("metatable").option("operation", "upsert").mode("append").save(table.path)
+    again = mt.Table.open(table.path)
+    done = [i for i in again.timeline() if i.time > before and i.is_completed]
+    assert [i.action.value for i in done] == ["deltacommit"], "one instant for the whole job"
+    got = {(r["p"], r["id"]): r["v"] for r in again.to_arrow().to_pylist()}
+    assert len(got) == 205 and got[("a", 99)] == "new" and got[("a", 104)] == "new" and got[("b", 99)] == "old"
+    spark.createDataFrame([(1, "b")], "id long, p string").write.format("metatable") \
+        .option("operation", "delete").mode("append").save(table.path)
+    assert ("b", 1) not in {(r["p"], r["id"]) for r in mt.Table.open(table.path).to_arrow().to_pylist()}
+    assert not os.listdir(f"{table.path}/.metatable/spill") if os.path.isdir(f"{table.path}/.metatable/spill") else True
+    assert spark_rows(spark.read.format("metatable").load(table.path)) == \
+        sort_rows(mt.Table.open(table.path).to_arrow().to_pylist())
+
+
+def test_a_write_creates_the_table_and_sql_reads_it(spark, tmp_path):
+    path = str(tmp_path / "new")
+    df = spark.createDataFrame(rows(range(10), "a", "x", 1) + rows(range(5), "b", "y", 1), DDL)
+    df.write.format("metatable").option("record_key", "id").option("partition_by", "p") \
+        .option("ordering_field", "ts").option("index", "bloom").mode("append").save(path)
+    t = mt.Table.open(path)
+    assert t.config.index.type == "bloom" and t.to_arrow().num_rows == 15
+    spark.read.format("metatable").load(path).createOrReplaceTempView("new_table")
+    assert spark.sql("SELECT count(*) AS n FROM new_table WHERE p = 'a'").collect()[0]["n"] == 10
+
+
+def test_bad_options_are_named(spark, table, tmp_path):
+    df = spark.createDataFrame(rows([1], "a", "x", 1), DDL)
+    with pytest.raises(Exception, match="overwrite is not supported"):
+        df.write.format("metatable").mode("overwrite").save(table.path)
+    with pytest.raises(Exception, match="operation='merge' is not one of"):
+        df.write.format("metatable").option("operation", "merge").mode("append").save(table.path)
+    with pytest.raises(Exception, match="unknown metatable source option"):
+        spark.read.format("metatable").option("asof", "1").load(table.path).collect()
+    with pytest.raises(Exception, match="to create one, give option record_key"):
+        df.write.format("metatable").mode("append").save(str(tmp_path / "none"))
+    assert issubclass(ConfigError, InvalidInputError)
