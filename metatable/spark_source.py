@@ -29,6 +29,7 @@ from pyspark.sql.types import StructType
 
 from . import reads
 from .errors import ConfigError, InvalidInputError
+from .faults import crash_point
 from .file_slice import FileSlice
 from .paths import TablePaths
 from .scan_filter import Conjunct, row_mask
@@ -37,6 +38,7 @@ from .spark_engine import spark_session as local_session, to_spark_schema
 from .storage import LocalStorage
 from .table import Table
 from .table_config import IndexConfig
+from .write_client import Txn
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,27 @@ def to_conjunct(f: Filter) -> Conjunct | None:
     if isinstance(f, In) and len(f.attribute) == 1:
         return f.attribute[0], "in", list(f.value)
     return None
+
+
+# -- streams ----------------------------------------------------------------------------------------------
+class StreamSink:
+    """A `foreachBatch` target that writes each micro-batch once: `query.writeStream.foreachBatch(
+    StreamSink(path, "orders")).option("checkpointLocation", ...).start()`. The batch id goes into the commit
+    as the version of the stream's `Txn`, so a batch Spark replays after a restart (it committed here, but
+    the query died before its checkpoint did) is skipped. One running query per stream name."""
+
+    def __init__(self, path: str, stream: str, operation: str = "upsert") -> None:
+        if operation not in OPERATIONS:
+            raise ConfigError(f"operation {operation!r} is not one of {list(OPERATIONS)}")
+        self.path = path
+        self.stream = stream
+        self.operation = operation
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        table = Table.open(self.path)
+        result = getattr(table, self.operation)(batch, txn=Txn(self.stream, int(batch_id)))
+        crash_point("stream.batch.written")  # committed here, not yet in Spark's checkpoint
+        log.info("stream %s batch %d: %s", self.stream, batch_id, result)
 
 
 # -- writes -----------------------------------------------------------------------------------------------

@@ -23,11 +23,11 @@ from .rebuild import RebuildReport
 from .scan_filter import Conjunct
 from .storage import Storage
 from .table_config import IndexConfig, TableConfig, as_tuple, normalize_schema
-from .write_client import WriteClient, WriteResult
+from .write_client import Txn, WriteClient, WriteResult
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Table", "WriteResult", "IndexConfig", "MetatableError"]
+__all__ = ["Table", "Txn", "WriteResult", "IndexConfig", "MetatableError"]
 
 
 class Table:
@@ -70,30 +70,32 @@ class Table:
         return self.context.timeline.instants()
 
     # -- writes -------------------------------------------------------------------------------------
-    def upsert(self, data: Any) -> WriteResult:
+    def upsert(self, data: Any, txn: Txn | None = None) -> WriteResult:
         """Insert new keys, update existing ones (the greatest ordering value wins). `data`: a Spark
-        DataFrame, a pyarrow Table, or a stream as for `bulk_insert`."""
-        return self._write(data, "upsert")
+        DataFrame, a pyarrow Table, or a stream as for `bulk_insert`. `txn` (application, version), as every
+        write takes: skipped when the application already committed that version or a later one (a replayed
+        stream batch lands once; `spark_source.StreamSink`)."""
+        return self._write(data, "upsert", txn)
 
-    def insert(self, data: Any) -> WriteResult:
+    def insert(self, data: Any, txn: Txn | None = None) -> WriteResult:
         """Insert new keys; rows whose key already exists are skipped (counted in `skipped`)."""
-        return self._write(data, "insert")
+        return self._write(data, "insert", txn)
 
-    def bulk_insert(self, data: Any) -> WriteResult:
+    def bulk_insert(self, data: Any, txn: Txn | None = None) -> WriteResult:
         """A load: insert, for data too big to hold. Give a stream (a Parquet path, a `pyarrow.dataset`, a
         `RecordBatchReader`) and it is read in chunks of `write.chunk_rows` and written one file group at a
         time, so memory follows the chunk and file-group sizes, not the input's. Keys that exist are skipped
         as by `insert` (Hudi's bulk_insert would duplicate them); where a partition has no files yet, no key
         is looked up."""
-        return self._write(data, "bulk_insert")
+        return self._write(data, "bulk_insert", txn)
 
-    def delete(self, keys: Any) -> WriteResult:
+    def delete(self, keys: Any, txn: Txn | None = None) -> WriteResult:
         """Delete by key: the record key columns (and partition columns, for a partitioned table)."""
-        return self._write(keys, "delete")
+        return self._write(keys, "delete", txn)
 
-    def _write(self, data: Any, operation: str) -> WriteResult:
+    def _write(self, data: Any, operation: str, txn: Txn | None) -> WriteResult:
         client = WriteClient(self.context, self.metadata_index)
-        result = client.write(data, operation)
+        result = client.write(data, operation, txn)
         maintenance.after_commit(self.context, client.action)
         return result
 

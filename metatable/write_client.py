@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +31,7 @@ from .instant import Action
 from .locator import MetadataIndex
 from .spark_engine import conform_dataframe, is_dataframe, partition_counts, run_spark
 from .table_config import KEY_COLUMN
-from .timeline_view import TimelineView, group_name
+from .timeline_view import WRITE_ACTIONS, TimelineView, group_name
 from .write_engine import run_local
 from .write_input import WriteStream, as_input, conform
 from .write_task import WriteTask
@@ -41,6 +41,24 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BYTES_PER_ROW = 100.0  # until a table has files to measure
 OPERATIONS = ("upsert", "insert", "bulk_insert", "delete")
+
+
+@dataclass(frozen=True)
+class Txn:
+    """An idempotent write's identity (Delta Lake's txnAppId and txnVersion): a write whose application has
+    already committed this version or a later one is skipped, so a replayed batch lands once. Versions only
+    grow: a stream's batch ids."""
+
+    app: str
+    version: int
+
+    def applied_by(self, context: TableContext) -> str | None:
+        """The completed commit that applied this version or a later one of the application, if any."""
+        for instant in reversed(context.timeline.completed(WRITE_ACTIONS)):
+            txn = context.timeline.read_json(instant).get("txn")
+            if txn and txn["app"] == self.app:
+                return instant.time if txn["version"] >= self.version else None
+        return None
 
 
 @dataclass(frozen=True)
@@ -64,7 +82,7 @@ class WriteClient:
     def action(self) -> Action:
         return Action.DELTACOMMIT if self.context.config.merge_on_read else Action.COMMIT
 
-    def write(self, data: Any, operation: str) -> WriteResult:
+    def write(self, data: Any, operation: str, txn: Txn | None = None) -> WriteResult:
         started = time.monotonic()
         context, config = self.context, self.context.config
         on_spark = is_dataframe(data)
@@ -75,6 +93,10 @@ class WriteClient:
             data = conform(data, config, operation) if isinstance(data, pa.Table) else data.conformed(config, operation)
         transactions = context.transactions
         with transactions.lock.held():
+            done = txn.applied_by(context) if txn else None
+            if done is not None:
+                log.info("%s of %s version %d skipped: commit %s applied it", operation, txn.app, txn.version, done)
+                return WriteResult(done, operation, seconds=time.monotonic() - started)
             instant = transactions.begin(self.action, {"operation": operation})
             try:
                 view = context.view()
@@ -94,8 +116,8 @@ class WriteClient:
             rows = stats.to_pylist()
             crash_point("table.write.files")
             files, tally = written_files(rows), counts(rows)
-            commit(context, Commit(instant, Committer.of(self.action, config), files,
-                                   view.completed_times, {"operation": operation, **tally}))
+            commit(context, Commit(instant, Committer.of(self.action, config), files, view.completed_times,
+                                   {"operation": operation, **tally, **({"txn": asdict(txn)} if txn else {})}))
         result = WriteResult(instant.time, operation, files_written=len(files), seconds=time.monotonic() - started,
                              **tally)
         log.info("%s %s: %d inserted, %d updated, %d deleted, %d skipped, %d files in %.2fs", operation,

@@ -1,7 +1,11 @@
 """`format("metatable")`: reads with pushed-down filters, writes through the table's own commit, SQL."""
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -12,6 +16,7 @@ from metatable.errors import ConfigError, InvalidInputError
 from .table_model import SCHEMA, sort_rows
 
 DDL = "id long, p string, v string, ts long"
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def rows(ids, p, v, ts):
@@ -67,6 +72,8 @@ def test_a_write_creates_the_table_and_sql_reads_it(spark, tmp_path):
     assert t.config.index.type == "bloom" and t.to_arrow().num_rows == 15
     spark.read.format("metatable").load(path).createOrReplaceTempView("new_table")
     assert spark.sql("SELECT count(*) AS n FROM new_table WHERE p = 'a'").collect()[0]["n"] == 10
+    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW by_ddl USING metatable OPTIONS (path '{path}')")
+    assert spark.sql("SELECT max(id) AS m FROM by_ddl WHERE p = 'b'").collect()[0]["m"] == 4
 
 
 def test_bad_options_are_named(spark, table, tmp_path):
@@ -80,3 +87,47 @@ def test_bad_options_are_named(spark, table, tmp_path):
     with pytest.raises(Exception, match="to create one, give option record_key"):
         df.write.format("metatable").mode("append").save(str(tmp_path / "none"))
     assert issubclass(ConfigError, InvalidInputError)
+
+
+def test_a_replayed_version_is_skipped(table):
+    batch = pa.Table.from_pylist([{"id": 1, "p": "a", "v": "txn", "ts": 500}], schema=SCHEMA)
+    first = table.upsert(batch, txn=mt.Txn("app", 3))
+    again = table.upsert(batch.set_column(2, "v", pa.array(["replayed"])), txn=mt.Txn("app", 3))
+    older = table.upsert(batch.set_column(2, "v", pa.array(["older"])), txn=mt.Txn("app", 2))
+    assert again.instant == older.instant == first.instant and again.updated == 0
+    assert table.upsert(batch.set_column(2, "v", pa.array(["other app"])), txn=mt.Txn("other", 0)).updated == 1
+    assert {(r["p"], r["id"]): r["v"] for r in table.to_arrow().to_pylist()}[("a", 1)] == "other app"
+
+
+@pytest.mark.slow
+def test_a_stream_killed_mid_way_and_restarted_applies_every_batch_once(tmp_path):
+    """Spark replays the batch whose commit reached the table but not the checkpoint: the sink skips it."""
+    root = str(tmp_path / "t")
+    mt.Table.create(root, SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2))
+    source = tmp_path / "source"
+    source.mkdir()
+    model: dict[tuple, dict] = {}
+    for n in range(5):
+        batch = [{"id": i, "p": "ab"[i % 2], "v": f"file{n}", "ts": n} for i in range(n * 5, n * 5 + 12)]
+        (source / f"part-{n}.json").write_text("".join(json.dumps(r) + "\n" for r in batch))
+        model.update({(r["p"], r["id"]): r for r in batch})
+
+    def run(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tests.metatable.stream_child", root, str(source),
+                               str(tmp_path / "checkpoint")], cwd=ROOT_DIR, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "PYTHONPATH": ROOT_DIR, **env})
+
+    killed = run(METATABLE_CRASH_AT="stream.batch.written:3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    table = mt.Table.open(root)
+    assert versions(table) == [0, 1, 2]
+    finished = run()
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    table = mt.Table.open(root)
+    assert versions(table) == [0, 1, 2, 3, 4], "each batch committed once"
+    assert sort_rows(table.to_arrow().to_pylist()) == sort_rows(list(model.values()))
+
+
+def versions(table: mt.Table) -> list[int]:
+    metas = [table.context.timeline.read_json(i) for i in table.timeline() if i.is_completed]
+    return [m["txn"]["version"] for m in metas if "txn" in m]
