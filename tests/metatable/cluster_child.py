@@ -1,0 +1,65 @@
+"""Child process for the cluster test: the pipeline's Spark steps against a standalone cluster (or local).
+
+usage: python -m tests.metatable.cluster_child MASTER ROOT DATA_DIR
+DATA_DIR holds load.parquet, upsert.parquet and delete.parquet. A bucket table at ROOT (load, upsert, delete,
+compaction, a clustering that doubles its buckets, a record-index build, reads) and a bloom-index table at
+ROOT-bloom (load, upsert, delete) and a consistent-hashing table at ROOT-ch (load, a resize, upsert, delete),
+all on Spark. Prints one JSON line: the driver's and the executors' Python
+PIDs, and the counts each step reported.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import metatable as mt
+from metatable.spark_engine import arrow_schema_of
+
+KEY = ["l_orderkey", "l_linenumber"]
+
+
+def python_pid(_: object) -> int:
+    return os.getpid()
+
+
+def main() -> None:
+    master, root, data = sys.argv[1:4]
+    spark = mt.spark_session(master=master, shuffle_partitions=4, **{
+        "spark.executor.memory": "768m", "spark.cores.max": "2",
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s"})
+    pids = sorted(set(spark.sparkContext.parallelize(range(8), 8).map(python_pid).collect()))
+    load = spark.read.parquet(os.path.join(data, "load.parquet"))
+    table = mt.Table.create(root, arrow_schema_of(load), KEY, "ship_year",
+                            index=mt.IndexConfig(num_buckets=2))
+    steps = {"load": table.bulk_insert(load).inserted}
+    result = table.upsert(spark.read.parquet(os.path.join(data, "upsert.parquet")))
+    steps["upsert"] = [result.inserted, result.updated]
+    steps["delete"] = table.delete(spark.read.parquet(os.path.join(data, "delete.parquet"))).deleted
+    steps["compact"] = table.compact() is not None
+    steps["cluster"] = table.cluster(num_buckets=4, spark=spark) is not None  # a rehash to 4 buckets, on Spark
+    table.schedule_indexing(["record_index"])
+    steps["index"] = len(table.run_indexing(spark=spark))
+    steps["read"] = table.read(spark=spark).count()
+    steps["source_read"] = spark.read.format("metatable").load(root).where("ship_year = 1995").count()
+    bloom = mt.Table.create(root + "-bloom", arrow_schema_of(load), KEY, "ship_year",
+                            index=mt.IndexConfig(type="bloom"), metadata_indexes=["column_stats", "bloom_filter"])
+    bloom.bulk_insert(load)
+    result = bloom.upsert(spark.read.parquet(os.path.join(data, "upsert.parquet")))
+    steps["bloom_upsert"] = [result.inserted, result.updated]
+    steps["bloom_delete"] = bloom.delete(spark.read.parquet(os.path.join(data, "delete.parquet"))).deleted
+    ring = mt.Table.create(root + "-ch", arrow_schema_of(load), KEY, "ship_year",
+                           index=mt.IndexConfig(engine="consistent_hashing", num_buckets=1),
+                           options={"write.target_file_size": 1 << 18})
+    ring.bulk_insert(load)
+    before = sum(r["buckets"] for r in ring.rings())
+    steps["resize"] = ring.cluster(spark=spark) is not None and sum(r["buckets"] for r in ring.rings()) > before
+    ring.upsert(spark.read.parquet(os.path.join(data, "upsert.parquet")))
+    steps["ring_delete"] = ring.delete(spark.read.parquet(os.path.join(data, "delete.parquet"))).deleted
+    print(json.dumps({"driver": os.getpid(), "executors": pids, "steps": steps}))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
