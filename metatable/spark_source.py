@@ -29,6 +29,7 @@ from pyspark.sql.types import StructType
 
 from . import reads
 from .errors import ConfigError, InvalidInputError
+from .executors import ship_packages
 from .faults import crash_point
 from .file_slice import FileSlice
 from .paths import TablePaths
@@ -57,9 +58,11 @@ def register(spark: Any) -> None:
 
 
 def spark_session(master: str = "local[2]", **conf: Any) -> Any:
-    """`spark_engine.spark_session` with `format("metatable")` registered."""
+    """`spark_engine.spark_session` with `format("metatable")` registered; on a cluster whose executors
+    cannot import the project, its packages are shipped to them (`executors.ship_packages`, logged)."""
     spark = local_session(master, **conf)
     register(spark)
+    ship_packages(spark)
     return spark
 
 

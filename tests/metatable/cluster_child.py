@@ -1,6 +1,6 @@
 """Child process for the cluster test: the pipeline's Spark steps against a standalone cluster (or local).
 
-usage: python -m tests.metatable.cluster_child MASTER ROOT DATA_DIR
+usage: python -m tests.metatable.cluster_child MASTER ROOT DATA_DIR [small]
 DATA_DIR holds load.parquet, upsert.parquet and delete.parquet. A bucket table at ROOT (load, upsert, delete,
 compaction, a clustering that doubles its buckets, a record-index build, reads) and a bloom-index table at
 ROOT-bloom (load, upsert, delete) and a consistent-hashing table at ROOT-ch (load, a resize, upsert, delete),
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 
 import metatable as mt
 from metatable.spark_engine import arrow_schema_of
@@ -25,11 +26,21 @@ def python_pid(_: object) -> int:
 
 def main() -> None:
     master, root, data = sys.argv[1:4]
+    tempfile.tempdir = tempfile.mkdtemp()  # where a shipped archive goes (executors fetch it later): listed below
     spark = mt.spark_session(master=master, shuffle_partitions=4, **{
         "spark.executor.memory": "768m", "spark.cores.max": "2",
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",
         "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s"})
+    shipped = [name for _, _, names in os.walk(tempfile.tempdir) for name in names if name.endswith(".zip")]
     pids = sorted(set(spark.sparkContext.parallelize(range(8), 8).map(python_pid).collect()))
+    if sys.argv[4:] == ["small"]:  # executors without the project: a write and a read need what was shipped
+        table = mt.Table.create(root, arrow_schema_of(spark.read.parquet(os.path.join(data, "upsert.parquet"))),
+                                KEY, "ship_year", index=mt.IndexConfig(num_buckets=2))
+        steps = {"load": table.bulk_insert(spark.read.parquet(os.path.join(data, "upsert.parquet"))).inserted,
+                 "read": table.read(spark=spark).count()}
+        print(json.dumps({"driver": os.getpid(), "executors": pids, "shipped": shipped, "steps": steps}))
+        spark.stop()
+        return
     load = spark.read.parquet(os.path.join(data, "load.parquet"))
     table = mt.Table.create(root, arrow_schema_of(load), KEY, "ship_year",
                             index=mt.IndexConfig(num_buckets=2))
@@ -57,7 +68,7 @@ def main() -> None:
     steps["resize"] = ring.cluster(spark=spark) is not None and sum(r["buckets"] for r in ring.rings()) > before
     ring.upsert(spark.read.parquet(os.path.join(data, "upsert.parquet")))
     steps["ring_delete"] = ring.delete(spark.read.parquet(os.path.join(data, "delete.parquet"))).deleted
-    print(json.dumps({"driver": os.getpid(), "executors": pids, "steps": steps}))
+    print(json.dumps({"driver": os.getpid(), "executors": pids, "shipped": shipped, "steps": steps}))
     spark.stop()
 
 

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 
 import pyarrow as pa
@@ -96,10 +97,10 @@ def key(table: pa.Table) -> pa.Array:
     return pc.add(pc.multiply(table["l_orderkey"], 8), table["l_linenumber"]).combine_chunks()
 
 
-def run_steps(master: str, root: str, data_dir) -> dict:
-    done = subprocess.run([sys.executable, "-m", "tests.metatable.cluster_child", master, root, str(data_dir)],
+def run_steps(master: str, root: str, data_dir, *args: str, **env: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "tests.metatable.cluster_child", master, root, str(data_dir), *args],
                           cwd=ROOT_DIR, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": ROOT_DIR})
+                          env={**os.environ, "PYTHONPATH": ROOT_DIR, **env})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -114,7 +115,7 @@ def test_the_pipeline_on_a_standalone_cluster_equals_local_mode_and_the_expected
     on_cluster = run_steps(cluster, str(tmp_path / "cluster"), data_dir)
     local = run_steps("local[2]", str(tmp_path / "local"), data_dir)
     assert on_cluster["driver"] not in on_cluster["executors"], "executors' Python is not the driver's"
-    assert len(on_cluster["executors"]) >= 2
+    assert len(on_cluster["executors"]) >= 2 and on_cluster["shipped"] == [], "the workers have the project"
     assert mt.Table.open(str(tmp_path / "cluster")).indexes()["record_index"] == "ready"
     steps = on_cluster["steps"]
     assert steps == local["steps"]
@@ -125,3 +126,19 @@ def test_the_pipeline_on_a_standalone_cluster_equals_local_mode_and_the_expected
     for root in ("cluster", "local", "cluster-bloom", "local-bloom", "cluster-ch", "local-ch"):
         got = table_rows(str(tmp_path / root))
         assert got.equals(expected.select(got.column_names).cast(got.schema)), root
+
+
+@pytest.mark.slow
+def test_executors_that_cannot_import_the_project_get_it_shipped(cluster, data, tmp_path):
+    """Executors whose Python lacks the project (site-packages on the path, but not the editable install's
+    .pth): the session ships the packages, and a write and a read run there."""
+    python = tmp_path / "python-without-metatable"
+    site = sysconfig.get_paths()["purelib"]
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{site}" exec "{sys.executable}" -S "$@"\n')
+    python.chmod(0o755)
+    assert subprocess.run([str(python), "-c", "import metatable"], cwd=tmp_path, capture_output=True).returncode != 0
+    assert subprocess.run([str(python), "-c", "import pyarrow"], cwd=tmp_path).returncode == 0
+    data_dir, _, (_, updated, inserted) = data
+    done = run_steps(cluster, str(tmp_path / "t"), data_dir, "small", PYSPARK_PYTHON=str(python))
+    assert done["shipped"] == ["metatable-packages.zip"]
+    assert done["steps"] == {"load": updated + inserted, "read": updated + inserted}
