@@ -30,9 +30,12 @@ log = logging.getLogger(__name__)
 
 
 def clean(context: TableContext) -> str | None:
-    """Run a due clean, then sweep what dead processes left (`fsck.sweep`): staging files, markers, spilled input."""
+    """Run a due clean; when one ran, also sweep what dead processes left (`fsck.sweep`: staging files,
+    markers, spilled input). The sweep walks the table, so it rides along with cleans, which come every
+    `clean.retain_commits` commits or so, not with every inline call after a commit."""
     run = run_due(context.transactions, service(context))
-    sweep(context)
+    if run.instant is not None:
+        sweep(context)
     return run.instant.time if run.instant else None
 
 

@@ -9,10 +9,10 @@ The check reads everything a reader may need, and reports every problem instead 
   partition lists exactly those.
 
 The sweep finds what no instant will clean up (`leftovers`), and with `repair` removes it, under the lock:
-staging files (`.tmp-`) of data files whose writer is dead, and any older than an hour, the markers, spilled
-input and heartbeats of instants that are neither pending nor beating, data files written by instants the timeline does not
-have (a write rolled back whose files survived), and a metadata rebuild that died before it completed. Clean
-runs the same sweep after each clean.
+staging files (`.tmp-`) of data files whose writer is dead, and any older than an hour; the markers, spilled
+input and heartbeats of instants that are neither pending nor beating; data files written by instants the
+timeline does not have (a write rolled back whose files survived); and a metadata rebuild that died before it
+completed. Every clean that runs does the same sweep.
 """
 from __future__ import annotations
 
