@@ -25,7 +25,7 @@ from .file_slice import FileSlice
 from .key_pages import key_pages
 from .metadata_table import MetadataTable
 from .paths import TablePaths
-from .slice_reader import LogKeys, SortedKeys, base_keys_present, base_path, live_mask, log_keys, members
+from .slice_reader import ScannedKeys, SortedKeys, base_keys_present, base_path, key_column, live_mask, log_keys
 from .storage import Storage
 from .table_config import KEY_COLUMN, TableConfig
 
@@ -152,7 +152,9 @@ class SliceLocator:
         self.ranges, self.filters = ranges, filters
         self.cache_base_keys = cache_base_keys  # how many base files' sorted keys to keep (0: read each time)
         self._base_keys: OrderedDict[str, SortedKeys] = OrderedDict()
-        self._log_keys: dict[tuple[str, str], LogKeys] = {}  # slices are fixed: their logs are read once
+        # slices are fixed: their logs are read once, their keys (touched, alive after the logs) kept, sorted
+        # when the locator serves many batches
+        self._log_keys: dict[tuple[str, str], tuple[SortedKeys | ScannedKeys, SortedKeys | ScannedKeys]] = {}
         self.by_partition: dict[str, list[FileSlice]] = defaultdict(list)
         for key in sorted(slices):
             self.by_partition[key[0]].append(slices[key])
@@ -166,23 +168,31 @@ class SliceLocator:
             path = base_path(self.paths, fs)
             cached = self._base_keys.pop(path, None)
             if cached is None and self.cache_base_keys and len(keys) > self._page_limit(path):
-                cached = SortedKeys(path)
+                column, read = key_column(path)
+                cached = SortedKeys(column)
+                explain.base_files_read += 1
+                explain.base_bytes_read += read
             if cached is not None:
                 self._base_keys[path] = cached
                 while len(self._base_keys) > self.cache_base_keys:
                     self._base_keys.popitem(last=False)
-                in_base = cached.contains(keys)
+                in_base = cached.contains(candidates)
             else:
                 in_base, read = base_keys_present(path, candidates)
                 explain.base_files_read += 1
                 explain.base_bytes_read += read
-        return live_mask(self.storage, self.paths, self.config, fs, candidates, in_base,
-                         self._logs(fs) if fs.logs else None)
+        in_logs = None
+        if fs.logs:
+            touched, alive = self._logs(fs)
+            in_logs = touched.contains(candidates), alive.contains(candidates)
+        return live_mask(self.storage, self.paths, self.config, fs, candidates, in_base, in_logs)
 
-    def _logs(self, fs: FileSlice) -> LogKeys:
+    def _logs(self, fs: FileSlice) -> tuple[SortedKeys | ScannedKeys, SortedKeys | ScannedKeys]:
         key = (fs.partition, fs.file_id)
         if key not in self._log_keys:
-            self._log_keys[key] = log_keys(self.storage, self.paths, self.config, fs)
+            touched, alive = log_keys(self.storage, self.paths, self.config, fs)
+            kind = SortedKeys if self.cache_base_keys else ScannedKeys
+            self._log_keys[key] = kind(touched), kind(alive)
         return self._log_keys[key]
 
     @staticmethod
@@ -242,7 +252,7 @@ class SliceLocator:
         candidates = pa.array(keys, pa.string())
         for fs in (fs for p in partitions for fs in self.by_partition.get(p, []) if fs.logs):
             touched, _ = self._logs(fs)
-            mentioned = [int(i) for i in np.flatnonzero(members(candidates, touched)) if int(i) not in found]
+            mentioned = [int(i) for i in np.flatnonzero(touched.contains(candidates)) if int(i) not in found]
             explain.log_candidates += len(mentioned)
             if mentioned:
                 alive = np.array(mentioned)[self.verify(fs, [keys[i] for i in mentioned], explain)]
