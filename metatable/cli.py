@@ -9,11 +9,10 @@ import logging
 import os
 import sys
 from importlib.metadata import version
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.dataset as ds
 import pyarrow.json as pajson
 
 from . import config
@@ -27,6 +26,10 @@ from .storage import LocalStorage
 from .table import Table
 from .table_config import BUCKET_ENGINES, INDEX_SCOPES, INDEX_TYPES, METADATA_INDEXES, TABLE_TYPES, IndexConfig
 from .timeline import Timeline
+from .write_input import is_dataset, pyarrow_dataset
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
 
 log = logging.getLogger("metatable.cli")
 
@@ -186,7 +189,7 @@ def read_input(path: str, fmt: str | None = None, schema: pa.Schema | None = Non
     fmt = input_format(path, fmt)
     try:
         if fmt == "parquet":
-            return ds.dataset(path, format="parquet", partitioning="hive")
+            return pyarrow_dataset().dataset(path, format="parquet", partitioning="hive")
         if fmt == "csv":
             types = {f.name: f.type for f in schema} if schema is not None else None
             return pacsv.open_csv(path, convert_options=pacsv.ConvertOptions(column_types=types))
@@ -236,7 +239,7 @@ def _write(args: argparse.Namespace, operation: str) -> None:
     if args.spark:
         from .spark_engine import spark_session
         spark = spark_session()
-        data = spark.read.parquet(args.file) if isinstance(data, ds.Dataset) else spark.createDataFrame(
+        data = spark.read.parquet(args.file) if is_dataset(data) else spark.createDataFrame(
             data if isinstance(data, pa.Table) else data.read_all())
     result = getattr(table, operation)(data)
     print(f"{operation} {result.instant}: {result.inserted} inserted, {result.updated} updated, "

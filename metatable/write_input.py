@@ -7,20 +7,37 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Iterable, Iterator
+import sys
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from indexes.arrow_keys import NULL_PARTITION
 
 from .errors import InvalidInputError
 from .table_config import TableConfig
 
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
+
 log = logging.getLogger(__name__)
 
 READ_AHEAD = 2  # batches a stream's scanner decodes ahead of the write
+
+
+def pyarrow_dataset():
+    """`pyarrow.dataset`, imported when a stream needs it: importing it takes 0.17 s (it imports pandas),
+    which opening a table to read or look up keys should not pay."""
+    import pyarrow.dataset
+
+    return pyarrow.dataset
+
+
+def is_dataset(data: object) -> bool:
+    """Whether `data` is a `pyarrow.dataset.Dataset`; there is none unless that module was imported."""
+    module = sys.modules.get("pyarrow.dataset")
+    return module is not None and isinstance(data, module.Dataset)
 
 
 def as_input(data: Any) -> pa.Table | WriteStream:
@@ -29,13 +46,13 @@ def as_input(data: Any) -> pa.Table | WriteStream:
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
-    if isinstance(data, (pa.RecordBatchReader, ds.Dataset)):
+    if isinstance(data, pa.RecordBatchReader) or is_dataset(data):
         return WriteStream(data)
     if isinstance(data, (str, os.PathLike)):
         if not os.path.exists(data):
             raise InvalidInputError(f"write input {os.fspath(data)} does not exist")
         try:
-            return WriteStream(ds.dataset(data, format="parquet", partitioning="hive"))
+            return WriteStream(pyarrow_dataset().dataset(data, format="parquet", partitioning="hive"))
         except (pa.ArrowInvalid, OSError) as e:
             raise InvalidInputError(f"cannot read {os.fspath(data)} as Parquet: {e}") from None
     raise InvalidInputError("write data must be a Spark DataFrame, a pyarrow Table, RecordBatchReader or "
@@ -64,7 +81,8 @@ class WriteStream:
         return WriteStream(self.source, config, operation)
 
     def _batches(self, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-        if isinstance(self.source, ds.Dataset):
+        if is_dataset(self.source):
+            ds = pyarrow_dataset()
             # Measured scanning SF 10 lineitem (one 60M-row file): the default read-ahead (16 batches, 4 files)
             # held ~2 GB, and Parquet pre-buffering keeps every byte range read until the file is done (2 GB
             # after 52M rows). With neither, the scan stays at ~0.6 GB, and is 20% faster.
@@ -85,7 +103,7 @@ class WriteStream:
         """Rows per value of the partition columns (a `count` column), reading only those columns of a
         Dataset; a RecordBatchReader is written to `spool` (an Arrow file) as it is counted and is read
         from there afterwards."""
-        if isinstance(self.source, ds.Dataset):
+        if is_dataset(self.source):
             return tally(self._batches(columns), self.schema, columns)
         os.makedirs(os.path.dirname(spool), exist_ok=True)
 
@@ -97,7 +115,7 @@ class WriteStream:
                     yield batch
 
         counts = tally(spooled(), self.schema, columns)
-        self.source = ds.dataset(spool, format="ipc")
+        self.source = pyarrow_dataset().dataset(spool, format="ipc")
         return counts
 
 
