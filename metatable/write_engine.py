@@ -124,15 +124,26 @@ def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: s
         # a take from many chunks is slow: 0.46 s against 0.04 s for a 1/56 share of SF 1
         return with_tags(task, chunk, keys, assignment).combine_chunks()
 
-    if isinstance(data, pa.Table):
-        rows = tagged(data)
-        groups = list(file_group_rows(rows))
-        return write_groups(task, (partial(rows.take, group) for group in groups), len(groups))
+    try:
+        if isinstance(data, pa.Table):
+            rows = tagged(data)
+            groups = list(file_group_rows(rows))
+            return write_groups(task, (partial(rows.take, group) for group in groups), len(groups))
+        return write_stream(task, (tagged(chunk) for chunk in data), spill_dir)
+    finally:
+        # mimalloc keeps freed pages for reuse: after an SF 1 load from a Parquet path the process stayed at
+        # 2.0 GB RSS (0 bytes allocated) until this returned them, 0.2 GB after
+        pa.default_memory_pool().release_unused()
+
+
+def write_stream(task: WriteTask, chunks: Iterable[pa.Table], spill_dir: str | None) -> pa.Table:
+    """Tagged chunks held by file group in memory, or spilled once they pass `write.spill_bytes`, then
+    written one file group at a time."""
     budget = task.config.options["write.spill_bytes"]
     held = HeldGroups()
     with GroupSpill(spill_dir) as spill:
-        for chunk in data:
-            held.add(tagged(chunk))
+        for rows in chunks:
+            held.add(rows)
             if held.nbytes > budget:
                 for load in held.groups():
                     spill.add(load())
