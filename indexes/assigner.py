@@ -21,6 +21,9 @@ class Assignment:
     # a global index's key that arrives with another partition value: where it lived (deleted there); null
     # for every other row. None: no row moves.
     moved_from: tuple[pa.Array, pa.Array] | None = None  # (partition paths, file ids)
+    # whether each row's key already lives in the file group it is written to, where the index looked the
+    # key up (a lookup verifies against the same file slices the writer reads); None: the writer checks
+    present: pa.Array | None = None
 
 
 class Assigner(Protocol):

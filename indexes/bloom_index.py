@@ -69,6 +69,7 @@ class BloomAssigner:
                               pa.array(np.where(moving, files, None).tolist(), pa.string()))
                 files[moving] = None  # placed below as a new key of the row's partition
         new = np.equal(files, None)
+        present = pa.array(~new)
         if new.any():
             arriving = np.array(incoming, dtype=object)
             out_partitions[new] = arriving[new]
@@ -81,4 +82,4 @@ class BloomAssigner:
                     mine = new & (arriving == partition)
                     files[mine] = np.array(slots, dtype=object)[hashes[mine] % len(slots)]
         return Assignment(pa.array(out_partitions.tolist(), pa.string()), pa.array(files.tolist(), pa.string()),
-                          moved_from)
+                          moved_from, present)

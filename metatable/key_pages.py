@@ -19,7 +19,7 @@ import functools
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -89,6 +89,32 @@ class KeyPages:
         """The pages whose [min, max] admits `key`: one, or none, for a sorted file."""
         return range(bisect.bisect_left(self.maxs, key), bisect.bisect_right(self.mins, key))
 
+    @functools.cached_property
+    def _bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The pages' minima and maxima as numpy bytes, for searching many keys at once (nul-free files)."""
+        return np.array(self.mins, dtype="S"), np.array(self.maxs, dtype="S")
+
+    def _by_page(self, wanted: list[bytes], searchable: bool) -> Iterator[tuple[int, np.ndarray]]:
+        """Each candidate page and the indices of the keys it may hold, in page order. Keys that are
+        searchable (no NUL: numpy's bytes drop trailing NULs) find their pages in one vectorized search:
+        ~2.5 us a key less than a bisect per key, at 300k keys a batch."""
+        if searchable:
+            mins, maxs = self._bounds
+            probes = np.array(wanted, dtype="S") if wanted else np.zeros(0, "S1")
+            low = np.searchsorted(maxs, probes, "left")
+            counts = np.maximum(np.searchsorted(mins, probes, "right") - low, 0)
+            keys = np.repeat(np.arange(len(wanted)), counts)
+            pages = np.repeat(low - (np.cumsum(counts) - counts), counts) + np.arange(len(keys))
+        else:
+            pairs = [(page, i) for i, key in enumerate(wanted) for page in self.candidate_pages(key)]
+            pages = np.array([p for p, _ in pairs], dtype=np.int64)
+            keys = np.array([i for _, i in pairs], dtype=np.int64)
+        order = np.argsort(pages, kind="stable")
+        pages, keys = pages[order], keys[order]
+        bounds = np.flatnonzero(np.r_[True, pages[1:] != pages[:-1]]) if len(pages) else np.zeros(0, np.int64)
+        for start, end in zip(bounds, [*bounds[1:], len(pages)]):
+            yield int(pages[start]), keys[start:end]
+
     def worth_probing(self, keys: int) -> bool:
         """Whether probing a page per key beats reading the whole key column: at most one key per two pages."""
         return keys <= self.page_count // 2
@@ -101,23 +127,20 @@ class KeyPages:
     def probe(self, keys: Sequence[str]) -> tuple[np.ndarray, set[int], int]:
         """Which keys the file holds, the pages that hold them, and the bytes read to tell."""
         wanted = [k.encode() for k in keys]
-        found = [False] * len(wanted)
-        by_page: dict[int, list[int]] = {}
-        for i, key in enumerate(wanted):
-            for page in self.candidate_pages(key):
-                by_page.setdefault(page, []).append(i)
+        searchable = [0 < len(key) < 256 and b"\x00" not in key for key in wanted]
+        found = np.zeros(len(wanted), dtype=bool)
         read = 0
         holding: set[int] = set()
         descriptor = os.open(self.path, os.O_RDONLY)
         try:
-            for page in sorted(by_page):
+            for page, indices in self._by_page(wanted, self.nul_free and all(searchable)):
                 raw = os.pread(descriptor, self.sizes[page], self.offsets[page])
                 read += len(raw)
                 values, start = self._values(raw)
                 decoded: set[bytes] | None = None
-                for i in by_page[page]:
+                for i in indices.tolist():
                     key = wanted[i]
-                    if self.nul_free and 0 < len(key) < 256 and b"\x00" not in key:
+                    if self.nul_free and searchable[i]:
                         here = _holds(values, start, key)
                     else:
                         if decoded is None:
@@ -128,7 +151,7 @@ class KeyPages:
                         holding.add(page)
         finally:
             os.close(descriptor)
-        return np.array(found, dtype=bool), holding, read
+        return found, holding, read
 
     def _values(self, raw: bytes) -> tuple[bytes, int]:
         """One data page's PLAIN-encoded values: a buffer and where they start in it."""

@@ -25,7 +25,7 @@ from .file_slice import FileSlice
 from .key_pages import key_pages
 from .metadata_table import MetadataTable
 from .paths import TablePaths
-from .slice_reader import ScannedKeys, SortedKeys, base_keys_present, base_path, key_column, live_mask, log_keys
+from .slice_reader import ProbedKeys, base_keys_present, base_path, key_column, live_mask, log_keys
 from .storage import Storage
 from .table_config import KEY_COLUMN, TableConfig
 
@@ -150,18 +150,17 @@ class SliceLocator:
                  filters: Callable[[Sequence[FileRef]], Filters], cache_base_keys: int = 0) -> None:
         self.storage, self.paths, self.config = storage, paths, config
         self.ranges, self.filters = ranges, filters
-        self.cache_base_keys = cache_base_keys  # how many base files' sorted keys to keep (0: read each time)
-        self._base_keys: OrderedDict[str, SortedKeys] = OrderedDict()
-        # slices are fixed: their logs are read once, their keys (touched, alive after the logs) kept, sorted
-        # when the locator serves many batches
-        self._log_keys: dict[tuple[str, str], tuple[SortedKeys | ScannedKeys, SortedKeys | ScannedKeys]] = {}
+        self.cache_base_keys = cache_base_keys  # how many base files' key columns to keep (0: read each time)
+        self._base_keys: OrderedDict[str, ProbedKeys] = OrderedDict()
+        # slices are fixed: their logs are read once, their keys (touched, alive after the logs) kept
+        self._log_keys: dict[tuple[str, str], tuple[ProbedKeys, ProbedKeys]] = {}
         self.by_partition: dict[str, list[FileSlice]] = defaultdict(list)
         for key in sorted(slices):
             self.by_partition[key[0]].append(slices[key])
 
     def verify(self, fs: FileSlice, keys: list[str], explain: Explain) -> np.ndarray:
         """Which keys are live in the slice: the base probed page by page (few keys) or through its whole
-        key column (kept sorted in memory when caching), then the logs."""
+        key column (kept in memory when caching), then the logs."""
         candidates = pa.array(keys, pa.string())
         in_base = None
         if fs.base:
@@ -169,7 +168,7 @@ class SliceLocator:
             cached = self._base_keys.pop(path, None)
             if cached is None and self.cache_base_keys and len(keys) > self._page_limit(path):
                 column, read = key_column(path)
-                cached = SortedKeys(column)
+                cached = ProbedKeys(column)
                 explain.base_files_read += 1
                 explain.base_bytes_read += read
             if cached is not None:
@@ -187,12 +186,11 @@ class SliceLocator:
             in_logs = touched.contains(candidates), alive.contains(candidates)
         return live_mask(self.storage, self.paths, self.config, fs, candidates, in_base, in_logs)
 
-    def _logs(self, fs: FileSlice) -> tuple[SortedKeys | ScannedKeys, SortedKeys | ScannedKeys]:
+    def _logs(self, fs: FileSlice) -> tuple[ProbedKeys, ProbedKeys]:
         key = (fs.partition, fs.file_id)
         if key not in self._log_keys:
             touched, alive = log_keys(self.storage, self.paths, self.config, fs)
-            kind = SortedKeys if self.cache_base_keys else ScannedKeys
-            self._log_keys[key] = kind(touched), kind(alive)
+            self._log_keys[key] = ProbedKeys(touched), ProbedKeys(alive)
         return self._log_keys[key]
 
     @staticmethod

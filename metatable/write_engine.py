@@ -23,16 +23,19 @@ from .file_group_writer import write_file_group
 from .progress import progress
 from .table_config import KEY_COLUMN
 from .tagging import Tagger, tag_inputs
-from .write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, WriteTask
+from .write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, PRESENT_COLUMN, WriteTask
 from .written import STATS_SCHEMA
 
 
 def with_tags(task: WriteTask, rows: pa.Table, keys: pa.Array, assignment: Assignment) -> pa.Table:
-    """`rows` with their key, partition path and file group; rows assigned nowhere are dropped. When the
+    """`rows` with their key, partition path and file group (and whether the key is there already, when the
+    index looked it up); rows assigned nowhere are dropped. When the
     task moves keys, a row whose key moved partition also goes, flagged `MOVED_OUT_COLUMN`, to the file group
     it moved out of (every row carries the flag, so the chunks of a stream share one schema)."""
     tagged = rows.append_column(KEY_COLUMN, keys).append_column(PARTITION_COLUMN, assignment.partitions) \
         .append_column(FILE_ID_COLUMN, assignment.file_ids)
+    if task.looks_up_keys:
+        tagged = tagged.append_column(PRESENT_COLUMN, assignment.present)
     if task.moves_keys:
         tagged = tagged.append_column(MOVED_OUT_COLUMN, pa.repeat(False, tagged.num_rows))
         if assignment.moved_from is not None:

@@ -14,6 +14,7 @@ from .table_config import TableConfig
 PARTITION_COLUMN = "_mt_partition"  # columns the tagger adds to each row
 FILE_ID_COLUMN = "_mt_file_id"
 MOVED_OUT_COLUMN = "_mt_moved_out"  # a copy of a row whose key moved partition, to delete it where it lived
+PRESENT_COLUMN = "_mt_present"  # the key lives in the row's file group already (indexes that look keys up)
 
 
 @dataclass(frozen=True)
@@ -31,3 +32,9 @@ class WriteTask:
         """Whether an upsert may move a key to another partition (global bloom or record index): its rows
         then carry MOVED_OUT_COLUMN."""
         return isinstance(self.index_plan, BloomPlan) and self.index_plan.moves
+
+    @property
+    def looks_up_keys(self) -> bool:
+        """Whether the index finds each key's file group by a lookup (bloom and record indexes): its rows
+        then carry PRESENT_COLUMN, and writers need not check their file groups again."""
+        return isinstance(self.index_plan, BloomPlan)
