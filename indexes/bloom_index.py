@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from metatable.errors import InvalidInputError
 
@@ -26,7 +27,8 @@ Locate = Callable[[list[str], list[str] | None], tuple[Sequence[str | None], Seq
 class BloomPlan:
     """What the driver pins for a bloom-index write."""
 
-    ranges: Mapping[str, Mapping[str, tuple[Any, Any]]] = field(default_factory=dict)  # partition -> base -> key range
+    # every partition that has file groups -> its base files -> their key ranges (none for the record index)
+    ranges: Mapping[str, Mapping[str, tuple[Any, Any]]] = field(default_factory=dict)
     insert_slots: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # partition -> file ids for new keys
     global_scope: bool = False
     moves: bool = False  # an upsert of a global index: a key arriving with another partition value moves there
@@ -56,30 +58,56 @@ class BloomAssigner:
         """A key found in some file group stays there (in global scope, a delete or insert naming another
         partition too; an upsert there moves it when the plan says so: to an insert slot of the row's
         partition, deleted from its file group); a new key goes to an insert slot of its partition, or
-        nowhere when the plan has no slots (a delete of an absent key)."""
-        incoming = partitions.to_pylist()
-        found_partition, found_file = self.locate(keys.to_pylist(), None if self.plan.global_scope else incoming)
-        out_partitions = np.array(found_partition, dtype=object)
-        files = np.array(found_file, dtype=object)
+        nowhere when the plan has no slots (a delete of an absent key). Arrow and numpy over the rows, no
+        Python object per row: with object arrays, an SF 1 load spent 8 s here placing 6M new keys."""
+        if self._nothing_to_find(partitions):
+            found_partitions = found_files = pa.nulls(len(keys), pa.string())
+        else:
+            found_partition, found_file = self.locate(keys.to_pylist(),
+                                                      None if self.plan.global_scope else partitions.to_pylist())
+            found_partitions = pa.array(found_partition, pa.string())
+            found_files = pa.array(found_file, pa.string())
+        located = pc.is_valid(found_files).to_numpy(zero_copy_only=False)
         moved_from = None
         if self.plan.moves:
-            moving = ~np.equal(files, None) & (out_partitions != np.array(incoming, dtype=object))
+            elsewhere = pc.fill_null(pc.not_equal(found_partitions, partitions), False)
+            moving = located & elsewhere.to_numpy(zero_copy_only=False)
             if moving.any():
-                moved_from = (pa.array(np.where(moving, out_partitions, None).tolist(), pa.string()),
-                              pa.array(np.where(moving, files, None).tolist(), pa.string()))
-                files[moving] = None  # placed below as a new key of the row's partition
-        new = np.equal(files, None)
-        present = pa.array(~new)
-        if new.any():
-            arriving = np.array(incoming, dtype=object)
-            out_partitions[new] = arriving[new]
-            if self.plan.insert_slots:
-                hashes = hash32_array(keys)
-                for partition in set(arriving[new]):
-                    slots = self.plan.insert_slots.get(partition)
-                    if not slots:
-                        raise InvalidInputError(f"no insert file group planned for partition {partition!r}")
-                    mine = new & (arriving == partition)
-                    files[mine] = np.array(slots, dtype=object)[hashes[mine] % len(slots)]
-        return Assignment(pa.array(out_partitions.tolist(), pa.string()), pa.array(files.tolist(), pa.string()),
-                          moved_from, present)
+                gone = pa.array(moving)
+                moved_from = (pc.if_else(gone, found_partitions, pa.scalar(None, pa.string())),
+                              pc.if_else(gone, found_files, pa.scalar(None, pa.string())))
+                located &= ~moving  # placed below as a new key of the row's partition
+        stays = pa.array(located)
+        out_partitions = pc.if_else(stays, found_partitions, partitions)
+        files = pc.if_else(stays, found_files, pa.scalar(None, pa.string()))
+        new = np.flatnonzero(~located)
+        if len(new) == len(keys) and self.plan.insert_slots:
+            files = self._slots(keys, partitions, new, len(keys))
+        elif len(new) and self.plan.insert_slots:
+            files = pc.if_else(stays, files, self._slots(keys.take(new), partitions.take(new), new, len(keys)))
+        return Assignment(out_partitions, files, moved_from, stays)
+
+    def _nothing_to_find(self, partitions: pa.Array) -> bool:
+        """Whether no file group exists where these keys may live (a first load): then nothing is looked up."""
+        filed = pa.array(list(self.plan.ranges), pa.string())
+        if self.plan.global_scope:
+            return len(filed) == 0
+        return not pc.any(pc.is_in(partitions, value_set=filed)).as_py()
+
+    def _slots(self, keys: pa.Array, partitions: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
+        """The insert slot of each new key (`rows`: their places among the `n` rows), picked among its
+        partition's slots by `hash32(key)`; null elsewhere."""
+        encoded = pc.dictionary_encode(partitions)
+        names = encoded.dictionary.to_pylist()
+        choices = [self.plan.insert_slots.get(name) for name in names]
+        for name, slots in zip(names, choices):
+            if not slots:
+                raise InvalidInputError(f"no insert file group planned for partition {name!r}")
+        sizes = np.array([len(slots) for slots in choices], dtype=np.int64)
+        offsets = np.r_[0, np.cumsum(sizes)[:-1]]
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        pick = offsets[codes] + hash32_array(keys) % sizes[codes]
+        slot_of = np.full(n, -1, dtype=np.int64)
+        slot_of[rows] = pick
+        return pa.array([slot for slots in choices for slot in slots], pa.string()).take(
+            pa.array(slot_of, mask=slot_of < 0))

@@ -265,11 +265,15 @@ class SliceLocator:
         out_file = np.full(n, None, dtype=object)
         if partitions is None:
             scopes: dict[str | None, np.ndarray] = {None: np.arange(n)}
-        else:
-            names, which = np.unique(np.array(partitions, dtype=object), return_inverse=True)
+        else:  # grouped through Arrow's dictionary: np.unique of 6M Python strings took 5 s
+            encoded = pc.dictionary_encode(pa.array(partitions, pa.string()))
+            which = encoded.indices.to_numpy(zero_copy_only=False)
             order = np.argsort(which, kind="stable")
-            scopes = dict(zip(names.tolist(), np.split(order, np.cumsum(np.bincount(which))[:-1])))
+            counts = np.bincount(which, minlength=len(encoded.dictionary))
+            scopes = dict(zip(encoded.dictionary.to_pylist(), np.split(order, np.cumsum(counts)[:-1])))
         for scope, wanted in scopes.items():
+            if scope is not None and scope not in self.by_partition:
+                continue  # a partition without file slices holds none of them
             searched = sorted(self.by_partition) if scope is None else [scope]
             found = self.find([keys[i] for i in wanted], searched, file_ids_of, explain)
             if found:
