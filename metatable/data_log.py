@@ -52,7 +52,7 @@ def _avro_type(t: pa.DataType) -> Any:
 
 
 def write_data_log(storage: Storage, path: str, instant: str, rows: pa.Table, block_format: str,
-                   compression: str = "zstd") -> None:
+                   compression: str) -> None:
     if block_format == "parquet":
         buf = io.BytesIO()
         pq.write_table(rows, buf, compression=compression, write_page_checksum=True)

@@ -134,7 +134,7 @@ class KeyPages:
         descriptor = os.open(self.path, os.O_RDONLY)
         try:
             for page, indices in self._by_page(wanted, self.nul_free and all(searchable)):
-                raw = os.pread(descriptor, self.sizes[page], self.offsets[page])
+                raw = read_at(descriptor, self.sizes[page], self.offsets[page], self.path)
                 read += len(raw)
                 values, start = self._values(raw)
                 decoded: set[bytes] | None = None
@@ -245,6 +245,14 @@ def footer_bytes(descriptor: int, path: str) -> bytes:
     return os.pread(descriptor, length, size - 8 - length)
 
 
+def read_at(descriptor: int, length: int, offset: int, path: str) -> bytes:
+    """`length` bytes at `offset` of a Parquet file, where both come from its footer or page index: a damaged
+    one can name a negative or impossible range, which is a CorruptFileError, not EINVAL or a huge buffer."""
+    if length < 0 or offset < 0 or offset + length > os.fstat(descriptor).st_size:
+        raise CorruptFileError(path, f"its footer points at bytes {offset}..{offset + length}, outside the file")
+    return os.pread(descriptor, length, offset)
+
+
 def footer_fields(read: Callable[..., R]) -> Callable[..., R]:
     """For a function reading fields of a decoded footer (its first argument the file's path): a damaged footer
     decodes to fields of other types or none, and that is a CorruptFileError naming the file."""
@@ -309,8 +317,8 @@ def key_pages(path: str) -> KeyPages | None:
             if 4 not in chunk or 6 not in chunk or set(meta.get(2, ())) - {_PLAIN, _RLE} or meta.get(4) not in _CODECS:
                 return None  # no page index, or not PLAIN (RLE encodes definition levels)
             codec = _CODECS[meta[4]]
-            column_index, _ = read_struct(os.pread(f.fileno(), chunk[7], chunk[6]), 0, path)
-            offset_index, _ = read_struct(os.pread(f.fileno(), chunk[5], chunk[4]), 0, path)
+            column_index, _ = read_struct(read_at(f.fileno(), chunk[7], chunk[6], path), 0, path)
+            offset_index, _ = read_struct(read_at(f.fileno(), chunk[5], chunk[4], path), 0, path)
             if column_index.get(4) != _ASCENDING and len(column_index.get(2, [])) > 1:
                 return None
             mins += column_index[2]

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from .config import THREADS
 from .errors import CorruptFileError
-from .key_pages import cached_per_file, footer_fields, key_pages, parquet_footer
+from .key_pages import cached_per_file, footer_fields, key_pages, parquet_footer, read_at
 from .table_config import KEY_COLUMN
 from .thrift_compact import BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, read_struct, struct_spans
 
@@ -86,7 +86,7 @@ def file_pages(path: str) -> FilePages | None:
                 if 4 not in chunk:
                     return None
                 meta = chunk[3]
-                locations = read_struct(os.pread(f.fileno(), chunk[5], chunk[4]), 0, path)[0].get(1, [])
+                locations = read_struct(read_at(f.fileno(), chunk[5], chunk[4], path), 0, path)[0].get(1, [])
                 offsets, sizes, firsts = (np.array([loc[k] for loc in locations], dtype=np.int64) for k in (1, 2, 3))
                 dictionary = (meta[11], meta[9] - meta[11]) if meta.get(11) else None
                 chunks.append(ChunkPages({k: meta[k] for k in (1, 2, 3, 4)}, dictionary, offsets, sizes, firsts,
@@ -132,7 +132,7 @@ def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> l
                 counts = ends[chosen] - chunk.first_rows[chosen]
                 begins = np.r_[0, np.cumsum(counts)[:-1]]
                 positions.append(base + begins[np.searchsorted(chosen, page_of)] + mine - chunk.first_rows[page_of])
-                data = [os.pread(descriptor, int(chunk.sizes[p]), int(chunk.offsets[p])) for p in chosen]
+                data = [read_at(descriptor, int(chunk.sizes[p]), int(chunk.offsets[p]), pages.path) for p in chosen]
                 dictionary = _dictionary(descriptor, chunk, data, pages.path)
                 groups.append((chunk.meta, dictionary, data, int(counts.sum())))
                 owners.setdefault(element, []).append(pages.path)
@@ -179,7 +179,7 @@ def _dictionary(descriptor: int, chunk: ChunkPages, data: list[bytes], path: str
     offset, size = chunk.dictionary
     if size > SMALL_DICTIONARY and not any(_dictionary_encoded(page, path) for page in data):
         return None
-    return os.pread(descriptor, size, offset)
+    return read_at(descriptor, size, offset, path)
 
 
 def _dictionary_encoded(page: bytes, path: str) -> bool:

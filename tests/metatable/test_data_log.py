@@ -21,7 +21,7 @@ ROWS = pa.Table.from_pylist([
 @pytest.mark.parametrize("fmt", ["avro", "parquet"])
 def test_round_trip(tmp_path, fmt):
     path = str(tmp_path / "log")
-    write_data_log(LocalStorage(), path, "20240101000000000", ROWS, fmt)
+    write_data_log(LocalStorage(), path, "20240101000000000", ROWS, fmt, "snappy")
     instant, rows = read_data_log(LocalStorage(), path, SCHEMA)
     assert instant == "20240101000000000" and rows.equals(ROWS)
 
@@ -29,7 +29,7 @@ def test_round_trip(tmp_path, fmt):
 @pytest.mark.parametrize("fmt", ["avro", "parquet"])
 def test_truncated_block_is_named(tmp_path, fmt):
     path = str(tmp_path / "log")
-    write_data_log(LocalStorage(), path, "20240101000000000", ROWS, fmt)
+    write_data_log(LocalStorage(), path, "20240101000000000", ROWS, fmt, "snappy")
     data = open(path, "rb").read()
     open(path, "wb").write(data[: len(data) - 30])
     with pytest.raises(CorruptFileError, match="log"):
