@@ -23,6 +23,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/mdt_lookup.py
 	$(PY) benchmarks/log_blocks.py
 	$(PY) benchmarks/peers.py --scale-factor $(BENCH_SF)
+	$(PY) benchmarks/bulk_load.py --scale-factors $(BENCH_SF)
 	$(PY) benchmarks/upsert.py --scale-factor $(BENCH_SF)
 	$(PY) benchmarks/lookup.py --scale-factor $(BENCH_SF)
 	$(PY) benchmarks/clustering.py --scale-factor $(BENCH_SF)

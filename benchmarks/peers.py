@@ -11,7 +11,8 @@ consistent-hashing indexes) and delta-rs (`write_deltalake`, `DeltaTable.merge` 
   starts). `--batch-rows 300000` at SF 10 keeps SF 1's batch: an upsert's cost should follow the batch.
 - get_1000: full rows of 1,000 random existing keys, in a fresh process, opening the table included
   (`Table.get`; delta-rs: a filtered read of the key columns' values, then the exact pairs).
-- peak_rss_mb of every step: this process and its children (the JVM and Spark's Python workers).
+- peak_rss_mb of every step: this process and its children (the JVM and Spark's Python workers); start_rss_mb:
+  what they held when the step began (the floor a step cannot go under).
 
 Every step is verified: counts of the write, then rows read back equal the expected rows. One JSON line per
 measurement, then `ratio` lines (delta-rs time over metatable's for writes and gets: above 1 is faster;
@@ -79,10 +80,12 @@ def emit(**fields) -> None:
 
 def measure(system: str, step: str, rows: int, fn) -> object:
     with PeakRss() as rss:
+        before = rss.peak  # what the processes hold already (a JVM, Python workers, the batch)
         started = time.perf_counter()
         result = fn()
         seconds = time.perf_counter() - started
-    emit(system=system, step=step, rows=rows, seconds=round(seconds, 3), peak_rss_mb=round(rss.peak / 2**20))
+    emit(system=system, step=step, rows=rows, seconds=round(seconds, 3), peak_rss_mb=round(rss.peak / 2**20),
+         start_rss_mb=round(before / 2**20))
     return result
 
 

@@ -124,7 +124,7 @@ OPTIONS: dict[str, Option] = {
         Option("write.chunk_rows", int, 1 << 20,
                "an in-process write reads a stream input (Parquet path, dataset, RecordBatchReader) this many "
                "rows at a time", minimum=1),
-        Option("write.spill_bytes", int, 2 << 30,
+        Option("write.spill_bytes", int, 256 << 20,
                "an in-process stream write holds its tagged chunks in memory up to this many bytes (Arrow's "
                "count); past it they are spilled by file group to local files under .metatable/spill, so memory "
                "follows this, not the input (0: always spill)", minimum=0),

@@ -140,53 +140,58 @@ def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: s
 
 
 def write_stream(task: WriteTask, chunks: Iterable[pa.Table], spill_dir: str | None) -> pa.Table:
-    """Tagged chunks held by file group in memory, or spilled once they pass `write.spill_bytes`, then
-    written one file group at a time."""
+    """Tagged chunks held by file group in memory; once they pass `write.spill_bytes`, they and every later
+    chunk go to the spill, chunk by chunk. Then every file group is written."""
     budget = task.config.options["write.spill_bytes"]
     held = HeldGroups()
     with GroupSpill(spill_dir) as spill:
         for rows in chunks:
             held.add(rows)
-            if held.nbytes > budget:
-                for load in held.groups():
-                    spill.add(load())
-                held = HeldGroups()
+            if spill.writers or held.nbytes > budget:
+                held.spill(spill)
         if not spill.writers:
-            return write_groups(task, held.groups(), len(held.parts))
-        for load in held.groups():
-            spill.add(load())
-        del held
+            return write_groups(task, held.groups(), len(held.keys))
         return write_groups(task, spill.groups(), len(spill.writers))
 
 
 class HeldGroups:
     """Tagged chunks kept in memory, with each file group's row indices in each: a stream that fits the
-    budget is written from memory, without the spill's write and read-back (SF 1 from a Parquet path:
-    11.5 s spilled, see docs/design-notes.md for the time held)."""
+    budget is written from memory, without the spill's write and read-back (see docs/design-notes.md)."""
 
     def __init__(self) -> None:
-        self.chunks: list[pa.Table] = []
-        self.parts: dict[tuple[str, str], list[tuple[int, np.ndarray]]] = {}
+        self.chunks: list[tuple[pa.Table, list[tuple[tuple[str, str], np.ndarray]]]] = []
+        self.keys: set[tuple[str, str]] = set()
         self.nbytes = 0
 
     def add(self, rows: pa.Table) -> None:
-        number = len(self.chunks)
-        self.chunks.append(rows)
-        self.nbytes += rows.nbytes
         partitions, files = rows[PARTITION_COLUMN], rows[FILE_ID_COLUMN]
-        for group in file_group_rows(rows):
-            first = int(group[0])
-            key = (partitions[first].as_py(), files[first].as_py())
-            self.parts.setdefault(key, []).append((number, group))
+        groups = [((partitions[int(g[0])].as_py(), files[int(g[0])].as_py()), g) for g in file_group_rows(rows)]
+        self.chunks.append((rows, groups))
+        self.keys.update(key for key, _ in groups)
+        self.nbytes += rows.nbytes
+
+    def spill(self, spill: GroupSpill) -> None:
+        """Hand the held chunks to `spill` one at a time, letting go of each."""
+        while self.chunks:
+            rows, groups = self.chunks.pop(0)
+            for _, group in groups:
+                spill.add(rows.take(group))
+        self.keys.clear()
+        self.nbytes = 0
 
     def groups(self) -> Iterator[Callable[[], pa.Table]]:
         """A loader of each file group's rows (one table, taken when a writer thread calls it)."""
-        for parts in self.parts.values():
-            yield partial(self._take, parts)
+        parts: dict[tuple[str, str], list[tuple[pa.Table, np.ndarray]]] = {}
+        for rows, groups in self.chunks:
+            for key, group in groups:
+                parts.setdefault(key, []).append((rows, group))
+        for held in parts.values():
+            yield partial(take_parts, held)
 
-    def _take(self, parts: list[tuple[int, np.ndarray]]) -> pa.Table:
-        taken = [self.chunks[number].take(rows) for number, rows in parts]
-        return taken[0] if len(taken) == 1 else pa.concat_tables(taken).combine_chunks()
+
+def take_parts(parts: list[tuple[pa.Table, np.ndarray]]) -> pa.Table:
+    taken = [rows.take(group) for rows, group in parts]
+    return taken[0] if len(taken) == 1 else pa.concat_tables(taken).combine_chunks()
 
 
 class GroupSpill:
