@@ -79,3 +79,25 @@ def hash32_array(keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def bucket_ids(keys: pa.ChunkedArray | pa.Array, num_buckets: int) -> np.ndarray:
     return hash32_array(keys) % num_buckets
+
+
+def pair_codes(first: pa.ChunkedArray | pa.Array, second: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """One integer per row naming its pair of (non-null) strings, for numpy to sort: sorting two string
+    columns with Arrow took 7.3 s of a 21.7 s SF 1 load, these codes 0.3 s."""
+    left = pc.dictionary_encode(first.combine_chunks() if isinstance(first, pa.ChunkedArray) else first)
+    right = pc.dictionary_encode(second.combine_chunks() if isinstance(second, pa.ChunkedArray) else second)
+    codes = left.indices.to_numpy().astype(np.int64) * len(right.dictionary) + right.indices.to_numpy()
+    # numpy's stable sort is a radix sort for 16-bit integers: 0.05 s for 6M rows against 0.39 s for int64
+    return codes.astype(np.uint16) if len(codes) and codes.max() < 1 << 16 else codes
+
+
+def pair_groups(first: pa.ChunkedArray | pa.Array, second: pa.ChunkedArray | pa.Array) -> list[np.ndarray]:
+    """The row indices of each distinct pair, each in input order. No Arrow `group_by`: its first call in
+    a process costs ~20 ms (Acero's start), which a `get` in a new process paid on a small table."""
+    if len(first) == 0:
+        return []
+    codes = pair_codes(first, second)
+    order = np.argsort(codes, kind="stable")
+    ordered = codes[order]
+    bounds = [*np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]).tolist(), len(order)]
+    return [order[start:end] for start, end in zip(bounds[:-1], bounds[1:])]

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from indexes.arrow_keys import partition_paths, record_keys
+from indexes.arrow_keys import pair_groups, partition_paths, record_keys
 
 from .config import THREADS
 from .context import TableContext
@@ -92,10 +92,11 @@ def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table) -> pa.
 
     def rows_of(i: int) -> pa.Table:
         fs, keys = slices[i]
-        if i not in bases:
-            rows = read_slice(context.storage, context.paths, config, fs)
-            return rows.filter(pa.array(members(rows[KEY_COLUMN], keys)))
-        base = pa.table([bases[i][f.name].cast(f.type) for f in storage_schema], schema=storage_schema)
+        if i in bases:
+            base = pa.table([bases[i][f.name].cast(f.type) for f in storage_schema], schema=storage_schema)
+        else:  # the keys' rows picked before the merge, which then sorts only those
+            base = read_slice(context.storage, context.paths, config, fs, read_optimized=True)
+            base = base.filter(pa.array(members(base[KEY_COLUMN], keys)))
         if not fs.logs:
             return base
         logs = [t.filter(pa.array(members(t[KEY_COLUMN], keys)))
@@ -126,9 +127,7 @@ def candidate_slices(context: TableContext, index: MetadataIndex, data: pa.Table
             keys = record_keys(data, config.record_key).to_pylist()
             paths = view.partitions
             located, _ = locate_keys(context, index, [k for k in keys for _ in paths], paths * len(keys), False, view)
-        found = located.filter(pc.is_valid(located["file_id"]))
-        return {(g["partition"], g["file_id"]): pa.array(g["key_list"], pa.string())
-                for g in found.group_by(["partition", "file_id"]).aggregate([("key", "list")]).to_pylist()}
+        return keys_by_slice(located.filter(pc.is_valid(located["file_id"])), view)
     keys = record_keys(data, config.record_key).combine_chunks()
     if scoped:
         partitions = partition_paths(data, config.partition_by).combine_chunks()
@@ -141,6 +140,15 @@ def candidate_slices(context: TableContext, index: MetadataIndex, data: pa.Table
         candidates = pa.concat_tables([pa.table({"key": keys, "partition": pa.repeat(pa.scalar(p, pa.string()),
                                                                                       len(keys)), "file_id": ids})
                                        for p, ids in computed.items()])
-    groups = candidates.group_by(["partition", "file_id"]).aggregate([("key", "distinct")]).to_pylist()
-    return {(g["partition"], g["file_id"]): pa.array(g["key_distinct"], pa.string()) for g in groups
-            if (g["partition"], g["file_id"]) in view.file_slices}
+    return keys_by_slice(candidates, view)
+
+
+def keys_by_slice(candidates: pa.Table, view: TimelineView) -> dict[tuple[str, str], pa.Array]:
+    """The distinct keys of each (partition, file id) of `candidates` that names a file slice."""
+    partitions, file_ids = candidates["partition"], candidates["file_id"]
+    out = {}
+    for rows in pair_groups(partitions, file_ids):
+        group = (partitions[int(rows[0])].as_py(), file_ids[int(rows[0])].as_py())
+        if group in view.file_slices:
+            out[group] = pc.unique(candidates["key"].take(rows))
+    return out

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from indexes import keys
-from indexes.arrow_keys import bucket_ids, hash32_array, partition_paths, record_keys
+from indexes.arrow_keys import bucket_ids, hash32_array, pair_groups, partition_paths, record_keys
 from metatable.errors import InvalidInputError
 
 texts = st.text(min_size=1, max_size=12)
@@ -34,3 +34,21 @@ def test_partition_paths():
     assert partition_paths(t, ["y", "s"]).to_pylist() == ["y=1995/s=a%2Fb", "y=__null__/s=c%3Dd"]
     assert partition_paths(t, ["d"]).to_pylist() == ["d=2020-01-02"] * 2
     assert partition_paths(t, []).to_pylist() == [".", "."]
+
+
+def test_pair_groups_fixed_vector():
+    first = pa.chunked_array([["p1", "p2"], ["p1", "p1", "p2"]])
+    second = pa.array(["f1", "f1", "f2", "f1", "f1"])
+    groups = sorted(g.tolist() for g in pair_groups(first, second))
+    assert groups == [[0, 3], [1, 4], [2]]
+    assert pair_groups(pa.array([], pa.string()), pa.array([], pa.string())) == []
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "", "a,b"]), st.sampled_from(["x", "y", "é"])), max_size=60))
+def test_pair_groups_equal_a_dict_of_pairs(pairs):
+    """Every row in exactly the group of its pair, groups in input order (compared with a plain dict)."""
+    model: dict[tuple[str, str], list[int]] = {}
+    for i, pair in enumerate(pairs):
+        model.setdefault(pair, []).append(i)
+    groups = pair_groups(pa.array([p[0] for p in pairs], pa.string()), pa.array([p[1] for p in pairs], pa.string()))
+    assert sorted(g.tolist() for g in groups) == sorted(model.values())
