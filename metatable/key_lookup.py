@@ -20,7 +20,7 @@ from .config import THREADS
 from .context import TableContext
 from .errors import InvalidInputError
 from .locator import Explain, FileIdsOf, MetadataIndex, RecordIndex, SliceLocator
-from .key_pages import key_pages
+from .key_pages import key_pages, worth_probing
 from .record_merge import merge_versions
 from .row_pages import read_rows, rows_of_keys
 from .slice_reader import base_path, log_tables, members, read_slice
@@ -110,8 +110,7 @@ def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table) -> pa.
 
 def few_keys(path: str, keys: pa.Array) -> bool:
     """Whether reading `keys` page by page beats reading the base file whole."""
-    pages = key_pages(path)
-    return pages is not None and pages.worth_probing(len(keys))
+    return worth_probing(path, len(keys)) and key_pages(path) is not None
 
 
 def candidate_slices(context: TableContext, index: MetadataIndex, data: pa.Table,

@@ -22,7 +22,7 @@ from indexes.keys import bloom_filter_key, column_stats_key, record_index_keys
 from indexes.lookup import CandidateFile, Filters, LevelReport, distinct, filter_and_verify, lookup
 
 from .file_slice import FileSlice
-from .key_pages import key_pages
+from .key_pages import key_page_count
 from .metadata_table import MetadataTable
 from .paths import TablePaths
 from .slice_reader import ProbedKeys, base_keys_present, base_path, key_column, live_mask, log_keys
@@ -195,8 +195,8 @@ class SliceLocator:
 
     @staticmethod
     def _page_limit(path: str) -> int:
-        pages = key_pages(path)
-        return pages.page_count // 2 if pages is not None else 0
+        pages = key_page_count(path)
+        return pages // 2 if pages is not None else 0
 
     def find(self, keys: list[str], partitions: Sequence[str], file_ids_of: FileIdsOf | None,
              explain: Explain) -> dict[int, FileSlice]:

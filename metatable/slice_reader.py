@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from .data_log import read_data_log
 from .errors import CorruptFileError, naming_damage
 from .file_slice import FileSlice
-from .key_pages import footer_fields, key_pages, parquet_footer
+from .key_pages import footer_fields, key_pages, parquet_footer, worth_probing
 from .paths import TablePaths
 from .record_merge import merge_versions
 from .storage import Storage
@@ -179,8 +179,7 @@ def fixed_width(strings: pa.Array | pa.ChunkedArray) -> np.ndarray:
 def base_keys_present(path: str, candidates: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, int]:
     """Which candidates the base file holds, and the bytes read to tell: one key page per candidate when
     the file has a key page index and the candidates are few next to its pages, else the key column."""
-    pages = key_pages(path)
-    if pages is not None and pages.worth_probing(pc.count_distinct(candidates).as_py()):
+    if worth_probing(path, pc.count_distinct(candidates).as_py()) and (pages := key_pages(path)) is not None:
         return pages.contains(candidates.to_pylist())
     column, read = key_column(path)
     return members(candidates, column), read

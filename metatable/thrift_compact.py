@@ -5,7 +5,8 @@ starts, and its min/max), which point lookups need. A struct decodes to a dict f
 lists and sets to lists; maps to dicts; binaries stay bytes.
 
 Plain functions over (buffer, position): this shape measured 2.5x faster than a reader object (3 vs
-7 us for a page header), and `leading_ints` reads a page header's type and sizes without the rest.
+7 us for a page header), and `leading_ints` reads a page header's type and sizes without the rest,
+`leading_list_size` an offset index's page count without the pages.
 """
 from __future__ import annotations
 
@@ -49,6 +50,15 @@ def leading_ints(buffer: bytes, count: int) -> list[int] | None:
     except IndexError:
         return None
     return values
+
+
+def leading_list_size(buffer: bytes) -> int | None:
+    """The length of the list that is field 1 of the struct at the start of `buffer` (an offset index's page
+    locations), without decoding its items; None when the struct does not start that way."""
+    try:
+        return _list_header(buffer, 1)[0] if buffer[0] == 0x10 | _LIST else None
+    except IndexError:
+        return None
 
 
 def _varint(buffer: bytes, position: int) -> tuple[int, int]:

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from indexes.arrow_keys import pair_codes, pair_groups
 from indexes.assigner import Assignment
 
+from .base_file import new_write_token
 from .config import THREADS
 from .file_group_writer import write_file_group
 from .progress import progress
@@ -81,6 +82,14 @@ def write_sorted_batches(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> 
             pending.append(run)
     if pending:
         yield from write_file_group(task, pa.concat_tables(pending)).to_batches()
+
+
+def write_held_batches(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Write a stream of tagged batches in any order (a Spark write task's share): held by file group, and
+    spilled past `write.spill_bytes`, as an in-process stream is. A write that is not a load skips Spark's
+    sort this way (see `spark_engine.run_spark`)."""
+    spill_dir = os.path.join(task.paths.spill(task.instant), f"task-{new_write_token()}")
+    yield from write_stream(task, (pa.Table.from_batches([batch]) for batch in batches), spill_dir).to_batches()
 
 
 def write_groups(task: WriteTask, groups: Iterable[Callable[[], pa.Table]], total: int) -> pa.Table:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import metatable as mt
 from metatable import cli
 from metatable.errors import CorruptFileError, MissingFileError, TimelineError
-from metatable.key_pages import key_pages, parquet_footer
+from metatable.key_pages import key_page_count, key_pages, parquet_footer
 from metatable.row_pages import file_pages
 
 from .table_model import SCHEMA, check_metadata, data_files_on_disk, sort_rows
@@ -56,7 +56,7 @@ def damage(path: str, start: int = 16, length: int = 64) -> None:
 
 def forget_footers() -> None:
     """Base files never change in place, so their footers and page layouts are cached by path; not here."""
-    for cached in (parquet_footer, key_pages, file_pages):
+    for cached in (parquet_footer, key_pages, key_page_count, file_pages):
         cached.cache_clear()
 
 

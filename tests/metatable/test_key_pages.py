@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metatable.errors import CorruptFileError
-from metatable.key_pages import KEYS_NUL_FREE, key_pages, nul_free_metadata, write_options
+from metatable.key_pages import KEYS_NUL_FREE, key_page_count, key_pages, nul_free_metadata, write_options
 from metatable.slice_reader import base_keys_present
 from metatable.table_config import KEY_COLUMN
 
@@ -51,6 +51,7 @@ def test_contains_equals_set_membership(tmp_path, keys, probes, data):
     wanted = list(dict.fromkeys(present + probes + [n for n in near if n]))
     pages = key_pages(path)
     assert pages is not None
+    assert key_page_count(path) == pages.page_count  # counted from the offset indexes' heads alone
     found, read = pages.contains(wanted)
     stored = set(keys)
     assert found.tolist() == [k in stored for k in wanted]
@@ -71,7 +72,7 @@ def test_reads_one_page_per_key(tmp_path):
     keys = [f"key-{i:06d}" for i in range(20_000)]
     path = write_keys(tmp_path, keys, page_rows=100)
     pages = key_pages(path)
-    assert pages.page_count == 200
+    assert pages.page_count == key_page_count(path) == 200
     found, read = pages.contains(["key-000123", "key-019999", "key-0001235", "key-5"])
     assert found.tolist() == [True, True, False, False]
     assert read == pages.sizes[1] + pages.sizes[199]  # "key-0001235" shares page 1; "key-5" is past the end

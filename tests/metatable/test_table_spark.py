@@ -1,6 +1,7 @@
 """End to end on Spark through the public API."""
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -10,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 import metatable as mt
 from metatable.errors import ConfigError, InvalidInputError, TableExistsError, TableNotFoundError
+from metatable.paths import TablePaths
 
 from .table_model import SCHEMA, TableModel, check_metadata, operation_strategy, sort_rows
 
@@ -23,12 +25,15 @@ def as_dicts(df):
 @pytest.mark.slow
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
 @settings(max_examples=4)
-@given(ops=st.lists(operation_strategy, min_size=1, max_size=4), partitioned=st.booleans())
-def test_spark_writes_equal_model(spark, table_type, partitioned, ops):
+@given(ops=st.lists(operation_strategy, min_size=1, max_size=4), partitioned=st.booleans(),
+       spill_bytes=st.sampled_from([0, 1 << 30]))
+def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_bytes):
+    """Write tasks hold their rows by file group (a load sorts them in Spark); spill_bytes 0 spills them all."""
     root = tempfile.mkdtemp(prefix="mt-spark-")
     try:
         table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p" if partitioned else None, "ts",
-                                table_type=table_type, index=mt.IndexConfig(num_buckets=2))
+                                table_type=table_type, index=mt.IndexConfig(num_buckets=2),
+                                options={"write.spill_bytes": spill_bytes})
         model = TableModel(partitioned)
         for operation, rows in ops:
             df = spark.createDataFrame([(r["id"], r["p"], r["v"], r["ts"]) for r in rows], DDL)
@@ -37,6 +42,8 @@ def test_spark_writes_equal_model(spark, table_type, partitioned, ops):
         assert as_dicts(table.read()) == model.expected()
         assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
         check_metadata(table)
+        spill = os.path.dirname(TablePaths(f"{root}/t").spill("0"))
+        assert not os.path.exists(spill) or not os.listdir(spill)  # the tasks and the writes removed theirs
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metatable.errors import CorruptFileError
-from metatable.thrift_compact import leading_ints, read_struct
+from metatable.thrift_compact import leading_ints, leading_list_size, read_struct
 
 
 def _varint(n: int) -> bytes:
@@ -123,3 +123,12 @@ def test_leading_ints_are_the_first_fields_when_they_are_integers(fields):
     ints = [fields.get(i) for i in (1, 2, 3)]
     expected = ints if all(isinstance(v, int) and not isinstance(v, bool) for v in ints) else None
     assert leading_ints(encode_struct(fields), 3) == expected
+
+
+@pytest.mark.parametrize("pages", [0, 1, 14, 15, 4447])
+def test_leading_list_size_counts_an_offset_index_without_its_pages(pages):
+    offset_index = encode_struct({1: [{1: 4 + i, 2: 100, 3: i} for i in range(pages)]})  # PageLocations
+    assert leading_list_size(offset_index[:16]) == pages == len(read_struct(offset_index, 0, "x")[0][1])
+    assert leading_list_size(encode_struct({2: 7})) is None  # not a list in field 1
+    assert leading_list_size(encode_struct({1: 7})) is None
+    assert leading_list_size(offset_index[:1]) is None  # cut inside the header
