@@ -125,9 +125,10 @@ OPTIONS: dict[str, Option] = {
                "an in-process write reads a stream input (Parquet path, dataset, RecordBatchReader) this many "
                "rows at a time", minimum=1),
         Option("write.spill_bytes", int, 256 << 20,
-               "an in-process stream write holds its tagged chunks in memory up to this many bytes (Arrow's "
-               "count); past it they are spilled by file group to local files under .metatable/spill, so memory "
-               "follows this, not the input (0: always spill)", minimum=0),
+               "an in-process stream write, and each Spark write task of a write other than a load, holds its "
+               "tagged rows in memory up to this many bytes (Arrow's count); past it they are spilled by file "
+               "group to files under .metatable/spill, so memory follows this, not the input (0: always spill)",
+               minimum=0),
         Option("write.shuffle_partitions", int, 0,
                "Spark partitions of the write shuffle (0: Spark's default parallelism, one task per core)", minimum=0),
         Option("heartbeat.interval_s", float, 5.0, "how often an inflight writer refreshes its heartbeat",
