@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -112,28 +112,46 @@ def bloom_survivors(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarr
     return key_idx[keep], file_idx[keep], unfiltered
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """What levels 1 and 2 let through: the (key, file) pairs left, grouped by file as level 3's work, and
+    the reports of both levels. Level 3 is the caller's: each file's check is independent, so a caller may
+    run them in threads, or gather the work of several lookups and run it all at once."""
+
+    work: list[tuple[int, np.ndarray]]  # (file index, the key indexes to verify in it), by file index
+    levels: list[LevelReport]
+
+    def verified(self, answers: Iterable[np.ndarray]) -> LookupResult:
+        """Level 3 from the answers, one mask per entry of `work` (in order) of which of its keys the file
+        holds. A key that several files hold is reported in the first of them."""
+        found: dict[int, int] = {}
+        for (index, candidates), held in reversed(list(zip(self.work, answers, strict=True))):
+            found.update(dict.fromkeys(candidates[held].tolist(), index))  # in reverse: the first file wins
+        pairs = sum(len(candidates) for _, candidates in self.work)
+        return LookupResult(found, [*self.levels, LevelReport("3 file check", self.levels[-1].keys_out, pairs,
+                                                              len(found), len(found))])
+
+
+def range_level(keys: Sequence[str], files: Sequence[CandidateFile]) -> tuple[np.ndarray, np.ndarray, LevelReport]:
+    """Level 1 by key ranges: the candidate (key indexes, file indexes), and its report."""
+    n = len(keys)
+    key_idx, file_idx, unranged = range_candidates(keys, files)
+    return key_idx, file_idx, LevelReport("1 key ranges", n, n * len(files), distinct(key_idx, n), len(key_idx),
+                                          unranged)
+
+
+def bloom_level(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarray, first: LevelReport,
+                load_filters: LoadFilters) -> Candidates:
+    """Level 2 over the candidate pairs that level 1 (`first`) let through."""
+    k2, f2, unfiltered = bloom_survivors(keys, key_idx, file_idx, load_filters)
+    second = LevelReport("2 bloom filters", first.keys_out, first.pairs_out, distinct(k2, len(keys)), len(k2),
+                         unfiltered)
+    return Candidates([(index, k2[pairs]) for index, pairs in by_file(f2)], [first, second])
+
+
 def lookup(keys: Sequence[str], files: Sequence[CandidateFile],
            load_filters: LoadFilters, verify: Callable[[int, np.ndarray], np.ndarray]) -> LookupResult:
     """Locate `keys` among `files`. `load_filters(file indexes)` fetches level-1 survivors' bloom filters,
     many files at a time; `verify(file index, key indexes)` says which of those keys the file holds."""
-    n = len(keys)
-    key_idx, file_idx, unranged = range_candidates(keys, files)
-    first = LevelReport("1 key ranges", n, n * len(files), distinct(key_idx, n), len(key_idx), unranged)
-    return filter_and_verify(keys, key_idx, file_idx, first, load_filters, verify)
-
-
-def filter_and_verify(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarray, first: LevelReport,
-                      load_filters: LoadFilters, verify: Callable[[int, np.ndarray], np.ndarray]) -> LookupResult:
-    """Levels 2 and 3 over the candidate (key, file) pairs that level 1 (`first`) let through. A key that
-    several files hold is reported in the first of them."""
-    n = len(keys)
-    k2, f2, unfiltered = bloom_survivors(keys, key_idx, file_idx, load_filters)
-    levels = [first, LevelReport("2 bloom filters", first.keys_out, first.pairs_out, distinct(k2, n), len(k2),
-                                 unfiltered)]
-    found: dict[int, int] = {}
-    for index, pairs in by_file(f2):
-        candidates = k2[pairs]
-        for key_index in candidates[verify(index, candidates)]:
-            found.setdefault(int(key_index), index)
-    levels.append(LevelReport("3 file check", levels[1].keys_out, len(k2), len(found), len(found)))
-    return LookupResult(found, levels)
+    candidates = bloom_level(keys, *range_level(keys, files), load_filters)
+    return candidates.verified(verify(index, key_indexes) for index, key_indexes in candidates.work)

@@ -9,7 +9,9 @@ and delete markers.
 """
 from __future__ import annotations
 
-from collections import OrderedDict, defaultdict
+import threading
+from collections import Counter, OrderedDict, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -19,8 +21,9 @@ import pyarrow.compute as pc
 
 from indexes.bloom import BloomFilter, BloomFilterSet
 from indexes.keys import bloom_filter_key, column_stats_key, record_index_keys
-from indexes.lookup import CandidateFile, Filters, LevelReport, distinct, filter_and_verify, lookup
+from indexes.lookup import CandidateFile, Candidates, Filters, LevelReport, bloom_level, distinct, range_level
 
+from .config import THREADS
 from .file_slice import FileSlice
 from .key_pages import key_page_count
 from .metadata_table import MetadataTable
@@ -141,6 +144,16 @@ class RecordIndex:
         return out_partition, out_file
 
 
+@dataclass(frozen=True)
+class Search:
+    """Keys searched for in some partitions' slices, through levels 1 and 2: level 3's work is left."""
+
+    keys: list[str]
+    partitions: Sequence[str]
+    with_base: list[FileSlice]  # the slices with a base file, indexed by the candidates' file indexes
+    candidates: Candidates
+
+
 class SliceLocator:
     """Finds keys among a fixed set of file slices (one snapshot)."""
 
@@ -152,39 +165,54 @@ class SliceLocator:
         self.ranges, self.filters = ranges, filters
         self.cache_base_keys = cache_base_keys  # how many base files' key columns to keep (0: read each time)
         self._base_keys: OrderedDict[str, ProbedKeys] = OrderedDict()
+        self._keys_probed: Counter[str] = Counter()  # keys verified so far, by base file (when caching)
         # slices are fixed: their logs are read once, their keys (touched, alive after the logs) kept
         self._log_keys: dict[tuple[str, str], tuple[ProbedKeys, ProbedKeys]] = {}
+        self._lock = threading.Lock()  # the caches above, and Explain's counts, when files verify in threads
         self.by_partition: dict[str, list[FileSlice]] = defaultdict(list)
         for key in sorted(slices):
             self.by_partition[key[0]].append(slices[key])
 
     def verify(self, fs: FileSlice, keys: list[str], explain: Explain) -> np.ndarray:
         """Which keys are live in the slice: the base probed page by page (few keys) or through its whole
-        key column (kept in memory when caching), then the logs."""
+        key column (kept in memory when caching), then the logs. Safe to call for different slices from
+        several threads at once."""
         candidates = pa.array(keys, pa.string())
-        in_base = None
-        if fs.base:
-            path = base_path(self.paths, fs)
-            cached = self._base_keys.pop(path, None)
-            if cached is None and self.cache_base_keys and len(keys) > self._page_limit(path):
-                column, read = key_column(path)
-                cached = ProbedKeys(column)
-                explain.base_files_read += 1
-                explain.base_bytes_read += read
-            if cached is not None:
-                self._base_keys[path] = cached
-                while len(self._base_keys) > self.cache_base_keys:
-                    self._base_keys.popitem(last=False)
-                in_base = cached.contains(candidates)
-            else:
-                in_base, read = base_keys_present(path, candidates)
-                explain.base_files_read += 1
-                explain.base_bytes_read += read
+        in_base = self._in_base(base_path(self.paths, fs), candidates, explain) if fs.base else None
         in_logs = None
         if fs.logs:
             touched, alive = self._logs(fs)
             in_logs = touched.contains(candidates), alive.contains(candidates)
         return live_mask(self.storage, self.paths, self.config, fs, candidates, in_base, in_logs)
+
+    def _in_base(self, path: str, candidates: pa.Array, explain: Explain) -> np.ndarray:
+        """Which candidates the base file holds. A caching locator reads the whole key column once the keys
+        it has verified in the file, over all calls, pass half its key pages: a tagger may see a batch a few
+        thousand rows at a time, and probing each call's ~600 keys a file page by page, SF 1's bloom
+        tagging in 4,096-row calls took 3.43 s, against 2.77 s so."""
+        with self._lock:
+            cached = self._base_keys.get(path)
+            if self.cache_base_keys:
+                self._keys_probed[path] += len(candidates)
+            probed = self._keys_probed[path]
+        read = None
+        if cached is None and self.cache_base_keys and probed > self._page_limit(path):
+            column, read = key_column(path)
+            cached = ProbedKeys(column)
+        if cached is not None:
+            with self._lock:
+                self._base_keys[path] = cached
+                self._base_keys.move_to_end(path)
+                while len(self._base_keys) > self.cache_base_keys:
+                    self._base_keys.popitem(last=False)
+            found = cached.contains(candidates)
+        else:
+            found, read = base_keys_present(path, candidates)
+        if read is not None:
+            with self._lock:
+                explain.base_files_read += 1
+                explain.base_bytes_read += read
+        return found
 
     def _logs(self, fs: FileSlice) -> tuple[ProbedKeys, ProbedKeys]:
         key = (fs.partition, fs.file_id)
@@ -198,32 +226,33 @@ class SliceLocator:
         pages = key_page_count(path)
         return pages // 2 if pages is not None else 0
 
-    def find(self, keys: list[str], partitions: Sequence[str], file_ids_of: FileIdsOf | None,
-             explain: Explain) -> dict[int, FileSlice]:
-        """key index -> the slice holding it, searching `partitions` in order (the first one wins)."""
+    def _search(self, keys: list[str], partitions: Sequence[str], file_ids_of: FileIdsOf | None) -> Search:
+        """Levels 1 and 2 for `keys` searched in `partitions` (in order: the first one holding a key wins)."""
         with_base = [fs for p in partitions for fs in self.by_partition.get(p, []) if fs.base]
         refs = [(fs.partition, fs.base.file_name) for fs in with_base]
 
         def load_filters(indexes: list[int]) -> Filters:
             return self.filters([refs[i] for i in indexes])
 
-        def verify(index: int, key_indexes: np.ndarray) -> np.ndarray:
-            return self.verify(with_base[index], [keys[i] for i in key_indexes], explain)
-
         if file_ids_of is not None:
             key_idx, file_idx = self._computed_candidates(keys, with_base, file_ids_of)
             n = len(keys)
             first = LevelReport("1 bucket", n, n * len(partitions), distinct(key_idx, n), len(key_idx))
-            result = filter_and_verify(keys, key_idx, file_idx, first, load_filters, verify)
         else:
             known = self.ranges(refs)
-            files = [CandidateFile(ref[1], *known.get(ref, (None, None))) for ref in refs]
-            result = lookup(keys, files, load_filters, verify)
-        for report in result.levels:
-            explain.add(report)
-        found = {k: with_base[f] for k, f in result.file_of.items()}
-        self._find_in_logs(keys, partitions, found, explain)
-        return found
+            key_idx, file_idx, first = range_level(keys, [CandidateFile(ref[1], *known.get(ref, (None, None)))
+                                                          for ref in refs])
+        return Search(keys, partitions, with_base, bloom_level(keys, key_idx, file_idx, first, load_filters))
+
+    def _verify_all(self, jobs: list[tuple[FileSlice, list[str]]], explain: Explain) -> list[np.ndarray]:
+        """Level 3 of every search at once, a file per thread: reading and probing key columns is Arrow
+        work that releases the GIL. SF 1's bloom tagging verifies 7 files, one a partition, that were
+        verified one after another: tagging 300k keys 1.36-1.45 -> 1.13 s, the in-process upsert
+        1.67-1.82 -> 1.47-1.56 s."""
+        if len(jobs) < 2:
+            return [self.verify(fs, keys, explain) for fs, keys in jobs]
+        with ThreadPoolExecutor(min(THREADS, len(jobs)), thread_name_prefix="metatable-verify") as pool:
+            return list(pool.map(lambda job: self.verify(*job, explain), jobs))
 
     @staticmethod
     def _computed_candidates(keys: list[str], with_base: list[FileSlice],
@@ -271,11 +300,21 @@ class SliceLocator:
             order = np.argsort(which, kind="stable")
             counts = np.bincount(which, minlength=len(encoded.dictionary))
             scopes = dict(zip(encoded.dictionary.to_pylist(), np.split(order, np.cumsum(counts)[:-1])))
+        searches = []
         for scope, wanted in scopes.items():
             if scope is not None and scope not in self.by_partition:
                 continue  # a partition without file slices holds none of them
             searched = sorted(self.by_partition) if scope is None else [scope]
-            found = self.find([keys[i] for i in wanted], searched, file_ids_of, explain)
+            searches.append((wanted, self._search([keys[i] for i in wanted], searched, file_ids_of)))
+        answers = iter(self._verify_all([(search.with_base[f], [search.keys[i] for i in key_idx])
+                                         for _, search in searches for f, key_idx in search.candidates.work],
+                                        explain))
+        for wanted, search in searches:
+            result = search.candidates.verified([next(answers) for _ in search.candidates.work])
+            for report in result.levels:
+                explain.add(report)
+            found = {k: search.with_base[f] for k, f in result.file_of.items()}
+            self._find_in_logs(search.keys, search.partitions, found, explain)
             if found:
                 hits = wanted[np.fromiter(found, dtype=np.int64, count=len(found))]
                 out_partition[hits] = [fs.partition for fs in found.values()]

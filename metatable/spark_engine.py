@@ -13,7 +13,7 @@ import re
 import shutil
 import sys
 from functools import partial
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -97,26 +97,50 @@ def conform_dataframe(df, config: TableConfig, operation: str):
                        for f, t in zip(target, to_spark_schema(target).fields)])
 
 
+def gathered(batches: Iterator[Any], rows: int) -> Iterator[tuple[list[pa.Array], list[int]]]:
+    """Consecutive Arrow batches gathered until they hold `rows` rows: concatenated, with each batch's
+    length, to hand back one output slice a batch."""
+    held: list[tuple] = []
+    count = 0
+    for batch in batches:
+        batch = batch if isinstance(batch, tuple) else (batch,)
+        held.append(batch)
+        count += len(batch[0])
+        if count >= rows:
+            yield [pa.concat_arrays(list(c)) for c in zip(*held)], [len(b[0]) for b in held]
+            held, count = [], 0
+    if held:
+        yield [pa.concat_arrays(list(c)) for c in zip(*held)], [len(b[0]) for b in held]
+
+
 def _tag_udf(task: WriteTask):
-    """An Arrow UDF over only the key and partition columns, returning (key, partition, file id, and
-    whether the key is there already when the index looked it up):
-    the wide rows stay in the JVM until the write stage (measured: ~2x faster than tagging whole rows in
-    Python). When keys may move partition (a global index's upsert), it returns a list per row: the row's
-    tag, and for a moved key a second one, flagged, naming the file group it leaves."""
+    """An Arrow UDF over only the key and partition columns (one struct), returning (key, partition, file
+    id, and whether the key is there already when the index looked it up): the wide rows stay in the JVM
+    until the write stage (measured: ~2x faster than tagging whole rows in Python). When keys may move
+    partition (a global index's upsert), it returns a list per row: the row's tag, and for a moved key a
+    second one, flagged, naming the file group it leaves.
+
+    Spark hands the UDF a few thousand rows at a time (4,096 from its Parquet reader). An index that looks
+    keys up tags up to `write.chunk_rows` rows at once, as an in-process write does: each call verifies
+    its keys against every base file of their partitions, and tagging SF 1's 300k-row batch for the bloom
+    index took 2.8-3.4 s in 4,096-row calls against 1.4 s in one (the Spark upsert, median of 5: 3.84 ->
+    3.55-3.71 s). Other indexes only hash, and tag batch by batch, so that the JVM writes the shuffle while
+    Python tags: gathered, the SF 1 bucket upsert took 2.68 s against 2.36 s."""
     from pyspark.sql.functions import arrow_udf
 
     names = tag_inputs(task.config)
     tagger = Tagger(task)
     present = task.looks_up_keys
     fields = [KEY_COLUMN, PARTITION_COLUMN, FILE_ID_COLUMN, *([PRESENT_COLUMN] if present else [])]
+    rows = task.config.options["write.chunk_rows"] if present else 1
 
-    def tag_struct(*arrays: pa.Array) -> pa.Array:
-        keys, a = tagger(pa.table(list(arrays), names=names))
+    def tag_struct(table: pa.Table) -> pa.Array:
+        keys, a = tagger(table)
         return pa.StructArray.from_arrays([keys, a.partitions, a.file_ids, *([a.present] if present else [])],
                                           names=fields)
 
-    def tag_list(*arrays: pa.Array) -> pa.Array:
-        keys, a = tagger(pa.table(list(arrays), names=names))
+    def tag_list(table: pa.Table) -> pa.Array:
+        keys, a = tagger(table)
         n = len(keys)
         old_partitions, old_files = a.moved_from or (pa.nulls(n, pa.string()), pa.nulls(n, pa.string()))
         moved = pc.is_valid(old_files).to_numpy(zero_copy_only=False)
@@ -131,12 +155,18 @@ def _tag_udf(task: WriteTask):
         order[offsets[:-1][moved] + 1] = n + np.flatnonzero(moved)
         return pa.ListArray.from_arrays(pa.array(offsets), both.take(pa.array(order)))
 
+    tag = tag_list if task.moves_keys else tag_struct  # moves come from lookups: the struct has PRESENT_COLUMN
+
+    def tag_batches(batches: Iterator[Tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
+        for inputs, lengths in gathered(batches, rows):
+            tags = tag(pa.table(inputs, names=names))
+            for start, length in zip(np.r_[0, np.cumsum(lengths)[:-1]].tolist(), lengths):
+                yield tags.slice(start, length)
+
     struct = f"struct<{KEY_COLUMN}: string, {PARTITION_COLUMN}: string, {FILE_ID_COLUMN}: string" + \
         (f", {PRESENT_COLUMN}: boolean>" if present else ">")
-    if task.moves_keys:  # moves come from lookups: the struct has PRESENT_COLUMN
-        listed = struct[:-1] + f", {MOVED_OUT_COLUMN}: boolean>"
-        return arrow_udf(tag_list, f"array<{listed}>").asNondeterministic(), names
-    return arrow_udf(tag_struct, struct).asNondeterministic(), names
+    returned = f"array<{struct[:-1]}, {MOVED_OUT_COLUMN}: boolean>>" if task.moves_keys else struct
+    return arrow_udf(tag_batches, returned).asNondeterministic(), names
 
 
 def run_spark(task: WriteTask, df) -> pa.Table:

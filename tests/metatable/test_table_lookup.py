@@ -5,11 +5,15 @@ import shutil
 import tempfile
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import metatable as mt
+from indexes.arrow_keys import partition_paths, record_keys
 from metatable.instant import Action
+from metatable.locator import Explain, MetadataIndex, SliceLocator
+from metatable.table_config import KEY_COLUMN
 from metatable.slice_reader import read_slice
 from metatable.key_pages import key_pages
 
@@ -120,6 +124,32 @@ def test_page_lookups_equal_ground_truth(paged_table, table_type, using, ids, wi
                        for fs in table.file_slices().values())
     checked = {lvl["level"]: lvl for lvl in report["levels"]}["3 file check"]["pairs_in"] + report["log_candidates"]
     assert report["base_bytes_read"] <= checked * largest_page  # a page per key checked, not whole key columns
+
+
+def test_a_caching_locator_reads_a_column_once_its_probes_pass_half_the_pages(paged_table):
+    """A bloom tagger on Spark locates a batch a few thousand keys at a time: keys probed page by page add
+    up over the calls, and past half a file's pages its key column is read once and kept."""
+    table, truth = paged_table["merge_on_read"]
+    index = MetadataIndex(table.metadata, table.config)
+    slices = table.file_slices()
+    locator = SliceLocator(table.storage, table.context.paths, table.config, slices, index.ranges, index.filters,
+                           cache_base_keys=len(slices))
+    reads = []
+    for start in range(0, 90, 3):
+        ids = list(range(start, start + 3))
+        probe = pa.table({"id": ids, "p": [f"q{i % 2}" for i in ids]})
+        explain = Explain("bloom")
+        partitions, files = locator.locate(record_keys(probe, ["id"]).to_pylist(),
+                                           partition_paths(probe, ["p"]).to_pylist(), None, explain)
+        assert list(zip(partitions, files)) == [truth.get((f"q{i % 2}", i), (None, None)) for i in ids]
+        reads.append(explain.base_bytes_read)
+    def key_column_bytes(fs) -> int:
+        metadata = pq.ParquetFile(f"{table.path}/{fs.partition}/{fs.base.file_name}").metadata
+        return sum(metadata.row_group(0).column(i).total_compressed_size for i in range(metadata.num_columns)
+                   if metadata.row_group(0).column(i).path_in_schema == KEY_COLUMN)
+
+    assert sum(reads) <= 2 * sum(key_column_bytes(fs) for fs in slices.values())  # pages, then each column once
+    assert reads[-10:] == [0] * 10  # all kept: nothing more is read
 
 
 INDEXES = {"bucket": mt.IndexConfig(num_buckets=2), "bloom": mt.IndexConfig(type="bloom"),

@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 import metatable as mt
 from metatable.errors import ConfigError, InvalidInputError, TableExistsError, TableNotFoundError
 from metatable.paths import TablePaths
+from metatable.spark_engine import gathered
 
 from .table_model import SCHEMA, TableModel, check_metadata, operation_strategy, sort_rows
 
@@ -150,3 +151,27 @@ def test_consistent_hashing_on_spark(spark, tmp_path, table_type):
     assert table.run_clustering(spark=spark) == [instant]
     assert all(ring.seq_no == 1 and ring.num_buckets > 2 for ring in table.context.view().rings.values())
     check_all(table, model)
+
+
+def test_gathered_batches_fixed():
+    batches = [(pa.array([1, 2]), pa.array(["a", "b"])), (pa.array([3]), pa.array(["c"])),
+               (pa.array([4, 5, 6]), pa.array(["d", "e", "f"]))]
+    out = list(gathered(iter(batches), 3))
+    assert [(columns[0].to_pylist(), columns[1].to_pylist(), lengths) for columns, lengths in out] == \
+        [([1, 2, 3], ["a", "b", "c"], [2, 1]), ([4, 5, 6], ["d", "e", "f"], [3])]
+    assert [(c[0].to_pylist(), n) for c, n in gathered(iter([pa.array([7]), pa.array([8])]), 10)] == \
+        [([7, 8], [1, 1])]  # one input column comes as an array, not a tuple
+
+
+@settings(max_examples=50)
+@given(sizes=st.lists(st.integers(0, 9), max_size=12), rows=st.integers(1, 20))
+def test_gathered_batches_keep_rows_and_order(sizes, rows):
+    """The tag UDF hands back one slice per input batch: its lengths must be the inputs', in order, and a
+    group closes as soon as it holds `rows` rows."""
+    values = iter(range(sum(sizes)))
+    batches = [(pa.array([next(values) for _ in range(n)], pa.int64()),) for n in sizes]
+    out = list(gathered(iter(batches), rows))
+    assert [n for _, lengths in out for n in lengths] == sizes
+    assert [v for columns, _ in out for v in columns[0].to_pylist()] == list(range(sum(sizes)))
+    for _, lengths in out[:-1]:
+        assert sum(lengths) >= rows and sum(lengths[:-1]) < rows
