@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 import re
 from dataclasses import dataclass
 
@@ -73,19 +74,12 @@ class Instant:
             return f"{self.time}.{self.action.value}"
         return f"{self.time}.{self.action.value}.{self.state.value}"
 
-    @classmethod
-    def parse(cls, file_name: str) -> Instant:
-        parts = file_name.split(".")
-        try:
-            if len(parts) == 2:
-                return cls(parts[0], Action(parts[1]), State.COMPLETED)
-            if len(parts) == 3 and parts[2] != State.COMPLETED.value:
-                return cls(parts[0], Action(parts[1]), State(parts[2]))
-        except ValueError:
-            pass
-        raise InvalidInputError(
-            f"bad instant file name {file_name!r}: expected <17-digit time>.<action>[.requested|.inflight]"
-        )
+    @staticmethod
+    def parse(file_name: str) -> Instant:
+        """The instant a timeline file name stands for. Cached: a timeline is listed and parsed dozens of times
+        per write, and names never change meaning (a write on a 185-instant timeline spent 0.25 s of 0.38 s
+        parsing them before)."""
+        return _parse(file_name)
 
     def to(self, state: State) -> Instant:
         return Instant(self.time, self.action, state)
@@ -96,3 +90,18 @@ class Instant:
 
     def __str__(self) -> str:
         return f"{self.time} {self.action.value} {self.state.value}"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parse(file_name: str) -> Instant:
+    parts = file_name.split(".")
+    try:
+        if len(parts) == 2:
+            return Instant(parts[0], Action(parts[1]), State.COMPLETED)
+        if len(parts) == 3 and parts[2] != State.COMPLETED.value:
+            return Instant(parts[0], Action(parts[1]), State(parts[2]))
+    except ValueError:
+        pass
+    raise InvalidInputError(
+        f"bad instant file name {file_name!r}: expected <17-digit time>.<action>[.requested|.inflight]"
+    )

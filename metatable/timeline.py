@@ -44,6 +44,9 @@ class Timeline:
         self.lock = lock or TableLock(paths.lock)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_misses = heartbeat_misses
+        # the last listing that passed its checks, and its instants: a write lists the timeline dozens of times,
+        # mostly unchanged, so an equal listing is not parsed again (the horizon only moves on)
+        self._last_listing: tuple[list[str], list[Instant]] | None = None
 
     # -- reading -------------------------------------------------------------------------------
     def instants(self) -> list[Instant]:
@@ -54,21 +57,27 @@ class Timeline:
         listing taken while another process removes an instant may miss some of its files and not others, so
         such a gap is listed again before it is refused."""
         for attempt in range(1, LISTINGS + 1):
-            latest, gap = self._listing()
+            names = self.storage.list(self.dir)
+            cached = self._last_listing
+            if cached is not None and cached[0] == names:
+                return list(cached[1])
+            latest, gap = self._listing(names)
             if gap is None:
-                return sorted(latest.values())
+                instants = sorted(latest.values())
+                self._last_listing = (names, instants)
+                return list(instants)
             if attempt < LISTINGS:
                 time.sleep(0.01 * attempt)
         raise TimelineError(f"timeline file {os.path.join(self.dir, gap[0].file_name)} has no {gap[1].value} state "
                             "before it: a forged or half-copied instant. Move it out of the timeline (or restore its "
                             "missing state files); nothing of it was read")
 
-    def _listing(self) -> tuple[dict[tuple[str, Action], Instant], tuple[Instant, State] | None]:
+    def _listing(self, names: list[str]) -> tuple[dict[tuple[str, Action], Instant], tuple[Instant, State] | None]:
         """The latest state of each instant in one directory listing, and an instant lacking an earlier state."""
         latest: dict[tuple[str, Action], Instant] = {}
         states: dict[tuple[str, Action], set[State]] = {}
         horizon = time_from_datetime(dt.datetime.now(dt.timezone.utc) + FUTURE_ALLOWANCE)
-        for name in self.storage.list(self.dir):
+        for name in names:
             if is_temporary(name) or name.startswith("."):
                 continue
             try:

@@ -12,7 +12,7 @@ import pytest
 import metatable as mt
 from indexes.arrow_keys import bucket_ids
 from indexes.bucket import bucket_of
-from metatable.errors import ClusteringConflict, InvalidInputError
+from metatable.errors import ClusteringConflict, ConflictError, InvalidInputError
 from metatable.instant import Action
 from metatable.slice_reader import read_slice
 from metatable.table_config import KEY_COLUMN
@@ -180,17 +180,27 @@ def test_bucket_count_change(tmp_path, table_type):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
-def test_a_write_that_began_before_the_clustering_commits_after_it(tmp_path, table_type):
-    """Merge-on-read: the write's logs are split among the new file groups; copy-on-write: the named error."""
+@pytest.mark.parametrize("table_type,updates", [("merge_on_read", "reject"), ("copy_on_write", "reject"),
+                                                ("merge_on_read", "abort_clustering"),
+                                                ("copy_on_write", "abort_clustering")])
+def test_a_write_that_began_before_the_clustering_commits_after_it(tmp_path, table_type, updates):
+    """Merge-on-read: the clustering commits and the write's logs are split among the new file groups, with
+    either `clustering.updates`. Copy-on-write: the write fails with the named error, or with
+    abort_clustering the clustering yields to the running write."""
     table, model = loaded(str(tmp_path / "t"), table_type)
-    table = reopened(table)
+    table = reopened(table, **{"clustering.updates": updates})
     batch = rows(range(0, 300, 3), "a", "late", 9)
-    writer = act(table.path, "upsert", batch, SMALL, METATABLE_PAUSE_AT="table.write.files:4")
+    options = {**SMALL, "clustering.updates": updates}
+    writer = act(table.path, "upsert", batch, options, METATABLE_PAUSE_AT="table.write.files:4")
     time.sleep(2.5)  # the writer has tagged and written its files
-    assert table.cluster() is not None
+    yields = table_type == "copy_on_write" and updates == "abort_clustering"
+    if yields:
+        with pytest.raises(ConflictError, match="is writing to"):
+            table.cluster()
+    else:
+        assert table.cluster() is not None
     code, out, err = finished(writer)
-    if table_type == "merge_on_read":
+    if table_type == "merge_on_read" or yields:
         assert code == 0, out + err
         model.apply("upsert", batch)
     else:

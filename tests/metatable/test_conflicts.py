@@ -24,6 +24,7 @@ WRITERS = {
     "clean": Committer(CL, merge_on_read=True),
     "clustering": Committer(R, merge_on_read=True),
     "clustering-abort": Committer(R, merge_on_read=True, updates="abort_clustering"),
+    "cow-clustering-abort": Committer(R, merge_on_read=False, updates="abort_clustering"),
 }
 # the concurrent action: (action, pending, a rehash)
 OTHERS = {"commit": (C, False, False), "deltacommit": (D, False, False), "compaction": (X, True, False),
@@ -47,7 +48,10 @@ SHARED = {
     **{(w, "rehash-pending"): ABORT for w in ("mor-bloom-abort", "cow-bloom-abort")},
     ("clustering", "commit"): CONFLICT, ("clustering", "deltacommit"): CONFLICT,
     ("clustering-abort", "commit"): CONFLICT, ("clustering-abort", "deltacommit"): CONFLICT,
-    ("clustering-abort", "write-inflight"): CONFLICT,
+    ("cow-clustering-abort", "commit"): CONFLICT, ("cow-clustering-abort", "deltacommit"): CONFLICT,
+    # abort_clustering yields to an inflight write that would fail on meeting it completed (copy-on-write); a
+    # merge-on-read write re-homes its logs, so the clustering commits
+    ("cow-clustering-abort", "write-inflight"): CONFLICT,
 }
 
 

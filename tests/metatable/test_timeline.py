@@ -1,8 +1,11 @@
 import multiprocessing as mp
 import os
+import tempfile
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metatable.errors import TimelineError
 from metatable.instant import Action
@@ -88,3 +91,30 @@ def test_remove(tmp_path):
     tl.remove(i)
     assert tl.instants() == []
     assert tl.get(i.time) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from(["request", "start", "complete", "remove"]), st.integers(0, 1),
+                                st.integers(0, 7), st.booleans()), max_size=25))
+def test_two_timelines_on_one_directory_list_what_the_other_did(steps):
+    """Each Timeline reuses its last listing while the directory is unchanged: every change made through the
+    other one is seen, however many came between its listings, against a plain dict of time -> state."""
+    with tempfile.TemporaryDirectory() as root:
+        timelines = [make(root), make(root)]
+        model: dict[str, str] = {}
+        for op, who, pick, look in steps:
+            tl = timelines[who]
+            live = sorted(model)
+            chosen = live[pick % len(live)] if live else None
+            current = tl.get(chosen) if chosen else None
+            if op == "request":
+                model[tl.request(Action.DELTACOMMIT).time] = "requested"
+            elif op == "start" and current is not None and model[chosen] == "requested":
+                model[chosen] = tl.start(current).state.value
+            elif op == "complete" and current is not None and model[chosen] == "inflight":
+                model[chosen] = tl.complete(current, {}).state.value
+            elif op == "remove" and current is not None:
+                tl.remove(current)
+                del model[chosen]
+            for each in timelines if look else [tl]:
+                assert {i.time: i.state.value for i in each.instants()} == model
