@@ -8,7 +8,7 @@ the engine runs over the pinned file slices and hands in as `locate`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -19,8 +19,8 @@ from metatable.errors import InvalidInputError
 from .arrow_keys import hash32_array
 from .assigner import Assignment
 
-# (keys, partition of each key or None for all partitions) -> (partition, file id) of each, None if absent
-Locate = Callable[[list[str], list[str] | None], tuple[Sequence[str | None], Sequence[str | None]]]
+# (keys, partition of each key or None for all partitions) -> (partition, file id) of each, null if absent
+Locate = Callable[[pa.Array, pa.Array | None], tuple[pa.Array, pa.Array]]
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,7 @@ class BloomAssigner:
         if self._nothing_to_find(partitions):
             found_partitions = found_files = pa.nulls(len(keys), pa.string())
         else:
-            found_partition, found_file = self.locate(keys.to_pylist(),
-                                                      None if self.plan.global_scope else partitions.to_pylist())
-            found_partitions = pa.array(found_partition, pa.string())
-            found_files = pa.array(found_file, pa.string())
+            found_partitions, found_files = self.locate(keys, None if self.plan.global_scope else partitions)
         located = pc.is_valid(found_files).to_numpy(zero_copy_only=False)
         moved_from = None
         if self.plan.moves:

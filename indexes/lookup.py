@@ -10,7 +10,6 @@ the keys and (key, file) pairs it let through.
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -44,16 +43,16 @@ class LevelReport:
 
 @dataclass
 class LookupResult:
-    file_of: dict[int, int]  # key index -> file index (keys found)
+    file_of: np.ndarray  # each key's file index, -1 where no file holds it
     levels: list[LevelReport] = field(default_factory=list)
 
 
-def range_candidates(keys: Sequence[str], files: Sequence[CandidateFile]) -> tuple[np.ndarray, np.ndarray, int]:
+def range_candidates(keys: pa.Array, files: Sequence[CandidateFile]) -> tuple[np.ndarray, np.ndarray, int]:
     """(key indexes, file indexes) of every pair whose range admits the key; plus files without a range."""
     if not len(keys) or not files:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), 0
-    order = pc.sort_indices(pa.array(keys, pa.string())).to_numpy()  # Arrow sorts strings ~5x faster
-    ordered = [keys[i] for i in order]
+    order = pc.sort_indices(keys).to_numpy()  # Arrow sorts strings ~5x faster
+    ordered = keys.take(order).to_numpy(zero_copy_only=False)  # str objects: searchsorted compares as bisect
     key_parts, file_parts = [], []
     unranged = 0
     for index, f in enumerate(files):
@@ -61,7 +60,7 @@ def range_candidates(keys: Sequence[str], files: Sequence[CandidateFile]) -> tup
             unranged += 1
             run = order
         else:
-            run = order[bisect.bisect_left(ordered, f.min_key):bisect.bisect_right(ordered, f.max_key)]
+            run = order[np.searchsorted(ordered, f.min_key, "left"):np.searchsorted(ordered, f.max_key, "right")]
         key_parts.append(run)
         file_parts.append(np.full(len(run), index, dtype=np.int64))
     return np.concatenate(key_parts), np.concatenate(file_parts), unranged
@@ -87,7 +86,7 @@ LoadFilters = Callable[[list[int]], Filters]
 FILTER_BATCH_FILES = 128
 
 
-def bloom_survivors(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarray,
+def bloom_survivors(keys: pa.Array, key_idx: np.ndarray, file_idx: np.ndarray,
                     load_filters: LoadFilters) -> tuple[np.ndarray, np.ndarray, int]:
     """The candidate pairs whose file's bloom filter might contain the key (no filter: kept), and how
     many files had no filter. Filters are loaded `FILTER_BATCH_FILES` files at a time, which bounds
@@ -96,7 +95,7 @@ def bloom_survivors(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarr
         return key_idx, file_idx, 0
     used = np.flatnonzero(np.bincount(key_idx, minlength=len(keys)))
     hashes = np.zeros((len(keys), 2), dtype=np.uint64)
-    hashes[used] = key_hashes([keys[i] for i in used])  # each candidate key hashed once
+    hashes[used] = key_hashes(keys.take(used))  # each candidate key hashed once
     files = np.unique(file_idx)
     keep = np.ones(len(key_idx), dtype=bool)
     unfiltered = 0
@@ -118,21 +117,23 @@ class Candidates:
     the reports of both levels. Level 3 is the caller's: each file's check is independent, so a caller may
     run them in threads, or gather the work of several lookups and run it all at once."""
 
+    keys: int  # how many keys were searched
     work: list[tuple[int, np.ndarray]]  # (file index, the key indexes to verify in it), by file index
     levels: list[LevelReport]
 
     def verified(self, answers: Iterable[np.ndarray]) -> LookupResult:
         """Level 3 from the answers, one mask per entry of `work` (in order) of which of its keys the file
         holds. A key that several files hold is reported in the first of them."""
-        found: dict[int, int] = {}
+        file_of = np.full(self.keys, -1, dtype=np.int64)
         for (index, candidates), held in reversed(list(zip(self.work, answers, strict=True))):
-            found.update(dict.fromkeys(candidates[held].tolist(), index))  # in reverse: the first file wins
+            file_of[candidates[held]] = index  # in reverse: the first file wins
         pairs = sum(len(candidates) for _, candidates in self.work)
-        return LookupResult(found, [*self.levels, LevelReport("3 file check", self.levels[-1].keys_out, pairs,
-                                                              len(found), len(found))])
+        found = int(np.count_nonzero(file_of >= 0))
+        return LookupResult(file_of, [*self.levels, LevelReport("3 file check", self.levels[-1].keys_out, pairs,
+                                                                found, found)])
 
 
-def range_level(keys: Sequence[str], files: Sequence[CandidateFile]) -> tuple[np.ndarray, np.ndarray, LevelReport]:
+def range_level(keys: pa.Array, files: Sequence[CandidateFile]) -> tuple[np.ndarray, np.ndarray, LevelReport]:
     """Level 1 by key ranges: the candidate (key indexes, file indexes), and its report."""
     n = len(keys)
     key_idx, file_idx, unranged = range_candidates(keys, files)
@@ -140,16 +141,16 @@ def range_level(keys: Sequence[str], files: Sequence[CandidateFile]) -> tuple[np
                                           unranged)
 
 
-def bloom_level(keys: Sequence[str], key_idx: np.ndarray, file_idx: np.ndarray, first: LevelReport,
+def bloom_level(keys: pa.Array, key_idx: np.ndarray, file_idx: np.ndarray, first: LevelReport,
                 load_filters: LoadFilters) -> Candidates:
     """Level 2 over the candidate pairs that level 1 (`first`) let through."""
     k2, f2, unfiltered = bloom_survivors(keys, key_idx, file_idx, load_filters)
     second = LevelReport("2 bloom filters", first.keys_out, first.pairs_out, distinct(k2, len(keys)), len(k2),
                          unfiltered)
-    return Candidates([(index, k2[pairs]) for index, pairs in by_file(f2)], [first, second])
+    return Candidates(len(keys), [(index, k2[pairs]) for index, pairs in by_file(f2)], [first, second])
 
 
-def lookup(keys: Sequence[str], files: Sequence[CandidateFile],
+def lookup(keys: pa.Array, files: Sequence[CandidateFile],
            load_filters: LoadFilters, verify: Callable[[int, np.ndarray], np.ndarray]) -> LookupResult:
     """Locate `keys` among `files`. `load_filters(file indexes)` fetches level-1 survivors' bloom filters,
     many files at a time; `verify(file index, key indexes)` says which of those keys the file holds."""

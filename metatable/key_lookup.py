@@ -11,6 +11,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -51,13 +52,13 @@ def computed_file_ids(context: TableContext, view: TimelineView) -> FileIdsOf | 
 def locate(context: TableContext, index: MetadataIndex, data: pa.Table, by_metadata: bool = False,
            view: TimelineView | None = None) -> tuple[pa.Table, Explain]:
     config = context.config
-    keys = record_keys(data, config.record_key).to_pylist()
+    keys = record_keys(data, config.record_key).combine_chunks()
     scoped = all(c in data.column_names for c in config.partition_by)
-    partitions = partition_paths(data, config.partition_by).to_pylist() if scoped else None
+    partitions = partition_paths(data, config.partition_by).combine_chunks() if scoped else None
     return locate_keys(context, index, keys, partitions, by_metadata, view or context.view())
 
 
-def locate_keys(context: TableContext, index: MetadataIndex, keys: list[str], partitions: list[str] | None,
+def locate_keys(context: TableContext, index: MetadataIndex, keys: pa.Array, partitions: pa.Array | None,
                 by_metadata: bool, view: TimelineView) -> tuple[pa.Table, Explain]:
     """`locate` of record keys, each in its partition path (or in any, without `partitions`)."""
     config = context.config
@@ -70,8 +71,7 @@ def locate_keys(context: TableContext, index: MetadataIndex, keys: list[str], pa
         explain = Explain("bucket" if file_ids_of else "metadata (column_stats ranges, bloom filters)")
         locator = SliceLocator(context.storage, context.paths, config, view.file_slices, index.ranges, index.filters)
         out_partition, out_file = locator.locate(keys, partitions, file_ids_of, explain)
-    result = pa.table({"key": pa.array(keys, pa.string()), "partition": pa.array(out_partition, pa.string()),
-                       "file_id": pa.array(out_file, pa.string())})
+    result = pa.table({"key": keys, "partition": out_partition, "file_id": out_file})
     return result, explain
 
 
@@ -123,9 +123,11 @@ def candidate_slices(context: TableContext, index: MetadataIndex, data: pa.Table
         if scoped or config.keys_unique_across_partitions:
             located, _ = locate(context, index, data, view=view)
         else:  # a key may live in several partitions: look for it in each
-            keys = record_keys(data, config.record_key).to_pylist()
+            keys = record_keys(data, config.record_key).combine_chunks()
             paths = view.partitions
-            located, _ = locate_keys(context, index, [k for k in keys for _ in paths], paths * len(keys), False, view)
+            every = pa.array(np.repeat(np.arange(len(keys)), len(paths)))
+            located, _ = locate_keys(context, index, keys.take(every), pa.array(paths * len(keys), pa.string()),
+                                     False, view)
         return keys_by_slice(located.filter(pc.is_valid(located["file_id"])), view)
     keys = record_keys(data, config.record_key).combine_chunks()
     if scoped:

@@ -123,16 +123,18 @@ class RecordIndex:
         self.metadata = metadata
         self.unique = config.keys_unique_across_partitions
 
-    def locate(self, keys: list[str], partitions: list[str] | None,
-               all_partitions: Sequence[str] = ()) -> tuple[list[str | None], list[str | None]]:
-        """(partition, file id) of every key, None where absent; `partitions`: each key's, or None to search
+    def locate(self, keys: pa.Array, partitions: pa.Array | None,
+               all_partitions: Sequence[str] = ()) -> tuple[pa.Array, pa.Array]:
+        """(partition, file id) of every key, null where absent; `partitions`: each key's, or None to search
         `all_partitions` (needed only where keys are prefixed by their partition)."""
         n = len(keys)
+        names = keys.to_pylist()  # the metadata table's keys are Python strings: a multi-get takes a list
         if self.unique or partitions is not None:
-            wanted = record_index_keys(partitions or [""] * n, keys, self.unique)
+            wanted = record_index_keys(partitions.to_pylist() if partitions is not None else [""] * n, names,
+                                       self.unique)
             owners = list(range(n))
         else:
-            wanted = [k for p in all_partitions for k in record_index_keys([p] * n, keys, False)]
+            wanted = [k for p in all_partitions for k in record_index_keys([p] * n, names, False)]
             owners = list(range(n)) * len(all_partitions)
         found = self.metadata.get_many("record_index", wanted)
         out_partition: list[str | None] = [None] * n
@@ -141,14 +143,14 @@ class RecordIndex:
             entry = found.get(key)
             if entry is not None and out_file[owner] is None:
                 out_partition[owner], out_file[owner] = entry["partition_path"], entry["file_id"]
-        return out_partition, out_file
+        return pa.array(out_partition, pa.string()), pa.array(out_file, pa.string())
 
 
 @dataclass(frozen=True)
 class Search:
     """Keys searched for in some partitions' slices, through levels 1 and 2: level 3's work is left."""
 
-    keys: list[str]
+    keys: pa.Array
     partitions: Sequence[str]
     with_base: list[FileSlice]  # the slices with a base file, indexed by the candidates' file indexes
     candidates: Candidates
@@ -173,11 +175,10 @@ class SliceLocator:
         for key in sorted(slices):
             self.by_partition[key[0]].append(slices[key])
 
-    def verify(self, fs: FileSlice, keys: list[str], explain: Explain) -> np.ndarray:
-        """Which keys are live in the slice: the base probed page by page (few keys) or through its whole
-        key column (kept in memory when caching), then the logs. Safe to call for different slices from
-        several threads at once."""
-        candidates = pa.array(keys, pa.string())
+    def verify(self, fs: FileSlice, candidates: pa.Array, explain: Explain) -> np.ndarray:
+        """Which candidate keys are live in the slice: the base probed page by page (few keys) or through its
+        whole key column (kept in memory when caching), then the logs. Safe to call for different slices
+        from several threads at once."""
         in_base = self._in_base(base_path(self.paths, fs), candidates, explain) if fs.base else None
         in_logs = None
         if fs.logs:
@@ -226,7 +227,7 @@ class SliceLocator:
         pages = key_page_count(path)
         return pages // 2 if pages is not None else 0
 
-    def _search(self, keys: list[str], partitions: Sequence[str], file_ids_of: FileIdsOf | None) -> Search:
+    def _search(self, keys: pa.Array, partitions: Sequence[str], file_ids_of: FileIdsOf | None) -> Search:
         """Levels 1 and 2 for `keys` searched in `partitions` (in order: the first one holding a key wins)."""
         with_base = [fs for p in partitions for fs in self.by_partition.get(p, []) if fs.base]
         refs = [(fs.partition, fs.base.file_name) for fs in with_base]
@@ -244,7 +245,7 @@ class SliceLocator:
                                                           for ref in refs])
         return Search(keys, partitions, with_base, bloom_level(keys, key_idx, file_idx, first, load_filters))
 
-    def _verify_all(self, jobs: list[tuple[FileSlice, list[str]]], explain: Explain) -> list[np.ndarray]:
+    def _verify_all(self, jobs: list[tuple[FileSlice, pa.Array]], explain: Explain) -> list[np.ndarray]:
         """Level 3 of every search at once, a file per thread: reading and probing key columns is Arrow
         work that releases the GIL. SF 1's bloom tagging verifies 7 files, one a partition, that were
         verified one after another: tagging 300k keys 1.36-1.45 -> 1.13 s, the in-process upsert
@@ -255,13 +256,13 @@ class SliceLocator:
             return list(pool.map(lambda job: self.verify(*job, explain), jobs))
 
     @staticmethod
-    def _computed_candidates(keys: list[str], with_base: list[FileSlice],
+    def _computed_candidates(keys: pa.Array, with_base: list[FileSlice],
                              file_ids_of: FileIdsOf) -> tuple[np.ndarray, np.ndarray]:
         """Each key paired with the file group the index computes for it, in every partition that has it."""
         partitions = list(dict.fromkeys(fs.partition for fs in with_base))
-        computed = file_ids_of(pa.array(keys, pa.string()), partitions) if keys else {}
+        computed = file_ids_of(keys, partitions) if len(keys) else {}
         key_parts, file_parts = [], []
-        for partition in partitions if keys else []:
+        for partition in partitions if len(keys) else []:
             mine = [i for i, fs in enumerate(with_base) if fs.partition == partition]
             ids = computed[partition]
             position = pc.fill_null(pc.index_in(ids, value_set=pa.array([with_base[i].file_id for i in mine])), -1)
@@ -273,29 +274,29 @@ class SliceLocator:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return np.concatenate(key_parts), np.concatenate(file_parts)
 
-    def _find_in_logs(self, keys: list[str], partitions: Sequence[str], found: dict[int, FileSlice],
-                      explain: Explain) -> None:
-        """Merge-on-read: keys that only logs know of (inserted after the base, so absent from its index)."""
-        candidates = pa.array(keys, pa.string())
-        for fs in (fs for p in partitions for fs in self.by_partition.get(p, []) if fs.logs):
+    def _find_in_logs(self, search: Search, slot: np.ndarray, slots: list[FileSlice], explain: Explain) -> None:
+        """Merge-on-read: keys that only logs know of (inserted after the base, so absent from its index).
+        `slot`: each searched key's place in `slots`, -1 while not found; updated in place."""
+        for fs in (fs for p in search.partitions for fs in self.by_partition.get(p, []) if fs.logs):
             touched, _ = self._logs(fs)
-            mentioned = [int(i) for i in np.flatnonzero(touched.contains(candidates)) if int(i) not in found]
+            mentioned = np.flatnonzero(touched.contains(search.keys) & (slot < 0))
             explain.log_candidates += len(mentioned)
-            if mentioned:
-                alive = np.array(mentioned)[self.verify(fs, [keys[i] for i in mentioned], explain)]
-                found.update({int(i): fs for i in alive})
+            if len(mentioned):
+                alive = mentioned[self.verify(fs, search.keys.take(mentioned), explain)]
+                slot[alive] = len(slots)
+                slots.append(fs)
 
-    def locate(self, keys: list[str], partitions: list[str] | None, file_ids_of: FileIdsOf | None,
-               explain: Explain) -> tuple[list[str | None], list[str | None]]:
-        """(partition, file id) of every key, None where absent; without `partitions`, search them all (a
-        key that several partitions hold is reported in one of them: pass partitions to choose)."""
+    def locate(self, keys: pa.Array, partitions: pa.Array | None, file_ids_of: FileIdsOf | None,
+               explain: Explain) -> tuple[pa.Array, pa.Array]:
+        """(partition, file id) of every key, null where absent; without `partitions`, search them all (a
+        key that several partitions hold is reported in one of them: pass partitions to choose). Keys stay
+        Arrow arrays and rows numpy indexes throughout: with Python lists of keys, a third of SF 1's bloom
+        tagging of 300k keys went to building lists and dicts, key by key."""
         n = len(keys)
-        out_partition = np.full(n, None, dtype=object)
-        out_file = np.full(n, None, dtype=object)
         if partitions is None:
             scopes: dict[str | None, np.ndarray] = {None: np.arange(n)}
         else:  # grouped through Arrow's dictionary: np.unique of 6M Python strings took 5 s
-            encoded = pc.dictionary_encode(pa.array(partitions, pa.string()))
+            encoded = pc.dictionary_encode(partitions)
             which = encoded.indices.to_numpy(zero_copy_only=False)
             order = np.argsort(which, kind="stable")
             counts = np.bincount(which, minlength=len(encoded.dictionary))
@@ -305,19 +306,21 @@ class SliceLocator:
             if scope is not None and scope not in self.by_partition:
                 continue  # a partition without file slices holds none of them
             searched = sorted(self.by_partition) if scope is None else [scope]
-            searches.append((wanted, self._search([keys[i] for i in wanted], searched, file_ids_of)))
-        answers = iter(self._verify_all([(search.with_base[f], [search.keys[i] for i in key_idx])
+            searches.append((wanted, self._search(keys.take(wanted), searched, file_ids_of)))
+        answers = iter(self._verify_all([(search.with_base[f], search.keys.take(key_idx))
                                          for _, search in searches for f, key_idx in search.candidates.work],
                                         explain))
+        slots: list[FileSlice] = []  # the slices keys were found in, by slot
+        out_slot = np.full(n, -1, dtype=np.int64)
         for wanted, search in searches:
             result = search.candidates.verified([next(answers) for _ in search.candidates.work])
             for report in result.levels:
                 explain.add(report)
-            found = {k: search.with_base[f] for k, f in result.file_of.items()}
-            self._find_in_logs(search.keys, search.partitions, found, explain)
-            if found:
-                hits = wanted[np.fromiter(found, dtype=np.int64, count=len(found))]
-                out_partition[hits] = [fs.partition for fs in found.values()]
-                out_file[hits] = [fs.file_id for fs in found.values()]
-        return out_partition.tolist(), out_file.tolist()
+            slot = np.where(result.file_of >= 0, result.file_of + len(slots), -1)
+            slots.extend(search.with_base)
+            self._find_in_logs(search, slot, slots, explain)
+            out_slot[wanted] = slot
+        missing = pa.array(out_slot, mask=out_slot < 0)
+        return (pa.array([fs.partition for fs in slots], pa.string()).take(missing),
+                pa.array([fs.file_id for fs in slots], pa.string()).take(missing))
 

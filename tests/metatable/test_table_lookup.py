@@ -139,9 +139,9 @@ def test_a_caching_locator_reads_a_column_once_its_probes_pass_half_the_pages(pa
         ids = list(range(start, start + 3))
         probe = pa.table({"id": ids, "p": [f"q{i % 2}" for i in ids]})
         explain = Explain("bloom")
-        partitions, files = locator.locate(record_keys(probe, ["id"]).to_pylist(),
-                                           partition_paths(probe, ["p"]).to_pylist(), None, explain)
-        assert list(zip(partitions, files)) == [truth.get((f"q{i % 2}", i), (None, None)) for i in ids]
+        partitions, files = locator.locate(record_keys(probe, ["id"]).combine_chunks(),
+                                           partition_paths(probe, ["p"]).combine_chunks(), None, explain)
+        assert list(zip(partitions.to_pylist(), files.to_pylist())) == [truth.get((f"q{i % 2}", i), (None, None)) for i in ids]
         reads.append(explain.base_bytes_read)
     def key_column_bytes(fs) -> int:
         metadata = pq.ParquetFile(f"{table.path}/{fs.partition}/{fs.base.file_name}").metadata
