@@ -117,14 +117,14 @@ class Candidates:
     the reports of both levels. Level 3 is the caller's: each file's check is independent, so a caller may
     run them in threads, or gather the work of several lookups and run it all at once."""
 
-    keys: int  # how many keys were searched
+    key_count: int  # how many keys were searched
     work: list[tuple[int, np.ndarray]]  # (file index, the key indexes to verify in it), by file index
     levels: list[LevelReport]
 
     def verified(self, answers: Iterable[np.ndarray]) -> LookupResult:
         """Level 3 from the answers, one mask per entry of `work` (in order) of which of its keys the file
         holds. A key that several files hold is reported in the first of them."""
-        file_of = np.full(self.keys, -1, dtype=np.int64)
+        file_of = np.full(self.key_count, -1, dtype=np.int64)
         for (index, candidates), held in reversed(list(zip(self.work, answers, strict=True))):
             file_of[candidates[held]] = index  # in reverse: the first file wins
         pairs = sum(len(candidates) for _, candidates in self.work)

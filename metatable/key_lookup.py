@@ -125,9 +125,10 @@ def candidate_slices(context: TableContext, index: MetadataIndex, data: pa.Table
         else:  # a key may live in several partitions: look for it in each
             keys = record_keys(data, config.record_key).combine_chunks()
             paths = view.partitions
-            every = pa.array(np.repeat(np.arange(len(keys)), len(paths)))
-            located, _ = locate_keys(context, index, keys.take(every), pa.array(paths * len(keys), pa.string()),
-                                     False, view)
+            each_key = pa.array(np.repeat(np.arange(len(keys)), len(paths)))
+            each_path = pa.array(np.tile(np.arange(len(paths)), len(keys)))
+            located, _ = locate_keys(context, index, keys.take(each_key),
+                                     pa.array(paths, pa.string()).take(each_path), False, view)
         return keys_by_slice(located.filter(pc.is_valid(located["file_id"])), view)
     keys = record_keys(data, config.record_key).combine_chunks()
     if scoped:

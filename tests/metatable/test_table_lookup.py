@@ -141,7 +141,8 @@ def test_a_caching_locator_reads_a_column_once_its_probes_pass_half_the_pages(pa
         explain = Explain("bloom")
         partitions, files = locator.locate(record_keys(probe, ["id"]).combine_chunks(),
                                            partition_paths(probe, ["p"]).combine_chunks(), None, explain)
-        assert list(zip(partitions.to_pylist(), files.to_pylist())) == [truth.get((f"q{i % 2}", i), (None, None)) for i in ids]
+        expected = [truth.get((f"q{i % 2}", i), (None, None)) for i in ids]
+        assert list(zip(partitions.to_pylist(), files.to_pylist())) == expected
         reads.append(explain.base_bytes_read)
     def key_column_bytes(fs) -> int:
         metadata = pq.ParquetFile(f"{table.path}/{fs.partition}/{fs.base.file_name}").metadata
