@@ -131,6 +131,10 @@ OPTIONS: dict[str, Option] = {
                minimum=0),
         Option("write.shuffle_partitions", int, 0,
                "Spark partitions of the write shuffle (0: Spark's default parallelism, one task per core)", minimum=0),
+        Option("write.spark_one_task_bytes", int, 128 << 20,
+               "a Spark write whose input Spark's optimizer estimates at this many bytes or fewer (a Parquet file's "
+               "size, local data's size) is written by one task, in threads, without a shuffle (0: always shuffle)",
+               minimum=0),
         Option("heartbeat.interval_s", float, 5.0, "how often an inflight writer refreshes its heartbeat",
                minimum=0.01),
         Option("heartbeat.tolerable_misses", int, 6,

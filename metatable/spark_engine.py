@@ -2,12 +2,14 @@
 
 Writes: an Arrow UDF tags each row (key, partition path, file group) from its key and partition columns,
 Spark shuffles and sorts by file group, and `mapInArrow` writes each file group on an executor as its rows
-stream past, returning one statistics row per file; only those rows reach the driver. Reads: base files
-that need no merge go to Spark's own Parquet reader; file slices with logs are merged by `mapInArrow` tasks,
-one slice at a time.
+stream past, returning one statistics row per file; only those rows reach the driver. A small input skips
+the shuffle: one task tags and writes it, as an in-process write does. Reads: base files that need no merge
+go to Spark's own Parquet reader; file slices with logs are merged by `mapInArrow` tasks, one slice at a
+time.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -26,7 +28,7 @@ from .slice_reader import base_path, read_slice
 from .storage import LocalStorage
 from .table_config import KEY_COLUMN, TableConfig
 from .tagging import Tagger, tag_inputs
-from .write_engine import write_held_batches, write_sorted_batches
+from .write_engine import write_held_batches, write_sorted_batches, write_whole_input
 from .write_input import conformed_schema
 from .write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, PRESENT_COLUMN, WriteTask
 from .written import STATS_SCHEMA
@@ -170,7 +172,42 @@ def _tag_udf(task: WriteTask):
 
 
 def run_spark(task: WriteTask, df) -> pa.Table:
-    """Run the write of a conformed DataFrame on Spark; returns the statistics of every file written."""
+    """Run the write of a conformed DataFrame on Spark; returns the statistics of every file written.
+
+    An input that Spark estimates at `write.spark_one_task_bytes` or less (128 MB by default, what Spark
+    reads in one task) is written by one task that reads it whole, as an in-process write: its rows need no
+    shuffle to give each file group one writer, and the task writes its file groups in threads. Measured at
+    SF 1 on 2 cores, a 300k-row upsert from a 7.5 MB Parquet file, median of 5 runs on copies of one table:
+    bucket index 2.69 -> 1.92 s, bloom 3.10 -> 2.23 s, bloom on the skewed batch 3.89 -> 2.65 s. Any other
+    input is tagged, shuffled by file group and written by `write.shuffle_partitions` tasks."""
+    limit = task.config.options["write.spark_one_task_bytes"]
+    stats = df.coalesce(1).mapInArrow(partial(write_whole_input, task), to_spark_schema(STATS_SCHEMA)) \
+        if limit and estimated_bytes(df) <= limit else _shuffled_write(task, df)
+    try:
+        return stats.toArrow()
+    except Exception as e:  # Spark wraps executor errors; bring ours back by name
+        raise unwrap_spark_error(e) from None
+    finally:  # the tasks removed their spills, not the instant's directory that holds them
+        shutil.rmtree(task.paths.spill(task.instant), ignore_errors=True)
+
+
+SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+ESTIMATE = re.compile(r"== Optimized Logical Plan ==\n[^\n]*Statistics\(sizeInBytes=([0-9.]+) (" +
+                      "|".join(SIZE_UNITS) + r")\b")
+
+
+def estimated_bytes(df) -> float:
+    """Spark optimizer's size estimate of a DataFrame, the one it weighs broadcast joins by: the files' bytes
+    of a file scan, the data's of local data, and 8 EiB when it cannot tell (an RDD). Read from `EXPLAIN
+    COST`, the only public way to it from Python; infinite if the text does not say. ~60 ms."""
+    text = df.sparkSession.sql("EXPLAIN COST SELECT * FROM {df}", df=df).first()[0]
+    m = ESTIMATE.search(text)
+    return float(m[1]) * 1024 ** SIZE_UNITS.index(m[2]) if m else math.inf
+
+
+def _shuffled_write(task: WriteTask, df):
+    """The statistics DataFrame of a write whose rows are tagged, then shuffled so that each file group's
+    rows meet in one write task."""
     from pyspark.sql import functions as F
 
     udf, inputs = _tag_udf(task)
@@ -190,16 +227,9 @@ def run_spark(task: WriteTask, df) -> pa.Table:
     # their rows in Python, held up to the spill budget, without Spark's sort: see docs/design-notes.md
     grouped = tagged.repartition(partitions, PARTITION_COLUMN, FILE_ID_COLUMN)
     if task.operation == "bulk_insert":
-        stats = grouped.sortWithinPartitions(PARTITION_COLUMN, FILE_ID_COLUMN) \
+        return grouped.sortWithinPartitions(PARTITION_COLUMN, FILE_ID_COLUMN) \
             .mapInArrow(partial(write_sorted_batches, task), to_spark_schema(STATS_SCHEMA))
-    else:
-        stats = grouped.mapInArrow(partial(write_held_batches, task), to_spark_schema(STATS_SCHEMA))
-    try:
-        return stats.toArrow()
-    except Exception as e:  # Spark wraps executor errors; bring ours back by name
-        raise unwrap_spark_error(e) from None
-    finally:  # the tasks removed their spills, not the instant's directory that holds them
-        shutil.rmtree(task.paths.spill(task.instant), ignore_errors=True)
+    return grouped.mapInArrow(partial(write_held_batches, task), to_spark_schema(STATS_SCHEMA))
 
 
 def unwrap_spark_error(e: Exception) -> Exception:

@@ -25,6 +25,7 @@ from .file_group_writer import write_file_group
 from .progress import progress
 from .table_config import KEY_COLUMN
 from .tagging import Tagger, tag_inputs
+from .write_input import rechunk
 from .write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, PRESENT_COLUMN, WriteTask
 from .written import STATS_SCHEMA
 
@@ -90,6 +91,13 @@ def write_held_batches(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> It
     sort this way (see `spark_engine.run_spark`)."""
     spill_dir = os.path.join(task.paths.spill(task.instant), f"task-{new_write_token()}")
     yield from write_stream(task, (pa.Table.from_batches([batch]) for batch in batches), spill_dir).to_batches()
+
+
+def write_whole_input(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The whole write of a small Spark input, in the one task that reads it: tagged `write.chunk_rows` rows at
+    a time and written as an in-process stream is (see `spark_engine.run_spark`)."""
+    spill_dir = os.path.join(task.paths.spill(task.instant), f"task-{new_write_token()}")
+    yield from run_local(task, rechunk(batches, task.config.options["write.chunk_rows"]), spill_dir).to_batches()
 
 
 def write_groups(task: WriteTask, groups: Iterable[Callable[[], pa.Table]], total: int) -> pa.Table:

@@ -6,13 +6,14 @@ import shutil
 import tempfile
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import metatable as mt
 from metatable.errors import ConfigError, InvalidInputError, TableExistsError, TableNotFoundError
 from metatable.paths import TablePaths
-from metatable.spark_engine import gathered
+from metatable.spark_engine import estimated_bytes, gathered
 
 from .table_model import SCHEMA, TableModel, check_metadata, operation_strategy, sort_rows
 
@@ -27,17 +28,18 @@ def as_dicts(df):
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
 @settings(max_examples=4)
 @given(ops=st.lists(operation_strategy, min_size=1, max_size=4), partitioned=st.booleans(),
-       spill_bytes=st.sampled_from([0, 1 << 30]))
-def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_bytes):
-    """Write tasks hold their rows by file group (a load sorts them in Spark); spill_bytes 0 spills them all."""
+       spill_bytes=st.sampled_from([0, 1 << 30]), one_task_bytes=st.sampled_from([0, 1 << 20]))
+def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_bytes, one_task_bytes):
+    """Write tasks hold their rows by file group (a load sorts them in Spark); spill_bytes 0 spills them all.
+    one_task_bytes 0 shuffles every input; 1 MiB writes these small ones in one task, without a shuffle."""
     root = tempfile.mkdtemp(prefix="mt-spark-")
     try:
         table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p" if partitioned else None, "ts",
                                 table_type=table_type, index=mt.IndexConfig(num_buckets=2),
-                                options={"write.spill_bytes": spill_bytes})
+                                options={"write.spill_bytes": spill_bytes, "write.spark_one_task_bytes": one_task_bytes})
         model = TableModel(partitioned)
         for operation, rows in ops:
-            df = spark.createDataFrame([(r["id"], r["p"], r["v"], r["ts"]) for r in rows], DDL)
+            df = spark.createDataFrame(pa.Table.from_pylist(rows, schema=SCHEMA))  # local data: Spark knows its size
             getattr(table, operation)(df.select("id", "p") if operation == "delete" else df)
             model.apply(operation, rows)
         assert as_dicts(table.read()) == model.expected()
@@ -47,6 +49,44 @@ def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_byt
         assert not os.path.exists(spill) or not os.listdir(spill)  # the tasks and the writes removed theirs
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def stages_of(spark, action) -> list[int]:
+    """The stage count of each Spark job that `action()` ran."""
+    tracker, group = spark.sparkContext.statusTracker(), f"stages-{id(action)}"
+    spark.sparkContext.setJobGroup(group, group)
+    try:
+        action()
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    return [len(tracker.getJobInfo(job).stageIds) for job in sorted(tracker.getJobIdsForGroup(group))]
+
+
+@pytest.mark.parametrize("index", ["bucket", "bloom"])
+def test_a_small_input_is_written_without_a_shuffle(spark, tmp_path, index):
+    """A Parquet input under `write.spark_one_task_bytes`: the write is one job of one stage. Over it, the
+    write job shuffles (a tag stage, then a write stage). The rows are the same either way."""
+    rows = pa.table({"id": list(range(40)), "p": ["ab"[i % 2] for i in range(40)], "v": [f"v{i}" for i in range(40)],
+                     "ts": [1] * 40})
+    pq.write_table(rows, str(tmp_path / "batch.parquet"))
+    df = spark.read.parquet(str(tmp_path / "batch.parquet"))
+    for limit, stages in ((1 << 20, 1), (100, 2)):
+        table = mt.Table.create(str(tmp_path / f"t{limit}"), SCHEMA, "id", "p", "ts",
+                                index=mt.IndexConfig(type=index, num_buckets=2),
+                                metadata_indexes=["column_stats", "bloom_filter"],
+                                options={"write.spark_one_task_bytes": limit})
+        assert stages_of(spark, lambda: table.upsert(df))[-1] == stages
+        assert sort_rows(table.to_arrow().to_pylist()) == sort_rows(rows.to_pylist())
+
+
+def test_estimated_bytes(spark, tmp_path):
+    """Spark's estimate, read from its plan: a Parquet file's size, local data's, and none for an RDD."""
+    path = str(tmp_path / "x.parquet")
+    pq.write_table(pa.table({"id": list(range(1000))}), path)
+    assert estimated_bytes(spark.read.parquet(path)) == pytest.approx(os.path.getsize(path), rel=0.05)
+    assert estimated_bytes(spark.createDataFrame(pa.table({"id": [1, 2]}))) < 1024
+    assert estimated_bytes(spark.range(1 << 30)) == 8 << 30
+    assert estimated_bytes(spark.createDataFrame([(1, "a")], "id long, p string")) >= 1 << 60
 
 
 @pytest.fixture
