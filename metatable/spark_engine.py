@@ -9,6 +9,7 @@ time.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -33,6 +34,8 @@ from .write_input import conformed_schema
 from .write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, PRESENT_COLUMN, WriteTask
 from .written import STATS_SCHEMA
 
+
+log = logging.getLogger(__name__)
 
 JVM_OPTIONS = "-XX:G1PeriodicGCInterval=2000 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
 
@@ -181,8 +184,11 @@ def run_spark(task: WriteTask, df) -> pa.Table:
     bucket index 2.69 -> 1.92 s, bloom 3.10 -> 2.23 s, bloom on the skewed batch 3.89 -> 2.65 s. Any other
     input is tagged, shuffled by file group and written by `write.shuffle_partitions` tasks."""
     limit = task.config.options["write.spark_one_task_bytes"]
+    size = estimated_bytes(df) if limit else math.inf
+    log.debug("%s %s: Spark estimates its input at %.0f bytes, so it is written %s", task.operation, task.instant,
+              size, "by one task" if size <= limit else "after a shuffle")
     stats = df.coalesce(1).mapInArrow(partial(write_whole_input, task), to_spark_schema(STATS_SCHEMA)) \
-        if limit and estimated_bytes(df) <= limit else _shuffled_write(task, df)
+        if size <= limit else _shuffled_write(task, df)
     try:
         return stats.toArrow()
     except Exception as e:  # Spark wraps executor errors; bring ours back by name
