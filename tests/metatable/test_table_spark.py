@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,7 +37,8 @@ def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_byt
     try:
         table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p" if partitioned else None, "ts",
                                 table_type=table_type, index=mt.IndexConfig(num_buckets=2),
-                                options={"write.spill_bytes": spill_bytes, "write.spark_one_task_bytes": one_task_bytes})
+                                options={"write.spill_bytes": spill_bytes,
+                                         "write.spark_one_task_bytes": one_task_bytes})
         model = TableModel(partitioned)
         for operation, rows in ops:
             df = spark.createDataFrame(pa.Table.from_pylist(rows, schema=SCHEMA))  # local data: Spark knows its size
@@ -53,7 +55,7 @@ def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_byt
 
 def stages_of(spark, action) -> list[int]:
     """The stage count of each Spark job that `action()` ran."""
-    tracker, group = spark.sparkContext.statusTracker(), f"stages-{id(action)}"
+    tracker, group = spark.sparkContext.statusTracker(), f"stages-{uuid.uuid4().hex}"
     spark.sparkContext.setJobGroup(group, group)
     try:
         action()
