@@ -89,15 +89,20 @@ def write_held_batches(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> It
     """Write a stream of tagged batches in any order (a Spark write task's share): held by file group, and
     spilled past `write.spill_bytes`, as an in-process stream is. A write that is not a load skips Spark's
     sort this way (see `spark_engine.run_spark`)."""
-    spill_dir = os.path.join(task.paths.spill(task.instant), f"task-{new_write_token()}")
-    yield from write_stream(task, (pa.Table.from_batches([batch]) for batch in batches), spill_dir).to_batches()
+    tables = (pa.Table.from_batches([batch]) for batch in batches)
+    yield from write_stream(task, tables, task_spill_dir(task)).to_batches()
 
 
 def write_whole_input(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The whole write of a small Spark input, in the one task that reads it: tagged `write.chunk_rows` rows at
     a time and written as an in-process stream is (see `spark_engine.run_spark`)."""
-    spill_dir = os.path.join(task.paths.spill(task.instant), f"task-{new_write_token()}")
-    yield from run_local(task, rechunk(batches, task.config.options["write.chunk_rows"]), spill_dir).to_batches()
+    chunks = rechunk(batches, task.config.options["write.chunk_rows"])
+    yield from run_local(task, chunks, task_spill_dir(task)).to_batches()
+
+
+def task_spill_dir(task: WriteTask) -> str:
+    """A Spark write task's own spill directory, under the instant's, which a rollback removes."""
+    return os.path.join(task.paths.spill(task.instant), f"task-{new_write_token()}")
 
 
 def write_groups(task: WriteTask, groups: Iterable[Callable[[], pa.Table]], total: int) -> pa.Table:
