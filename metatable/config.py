@@ -122,10 +122,10 @@ OPTIONS: dict[str, Option] = {
                "consistent hashing: how long a resize waits for writes that began before it was planned (they "
                "cannot dual-write) before it gives up and is rolled back", minimum=0.0),
         Option("write.chunk_rows", int, 1 << 20,
-               "an in-process write reads a stream input (Parquet path, dataset, RecordBatchReader) this many "
-               "rows at a time", minimum=1),
+               "an in-process write reads a stream input (Parquet path, dataset, RecordBatchReader), and a Spark "
+               "write of a small input gathers its rows, this many rows at a time", minimum=1),
         Option("write.spill_bytes", int, 256 << 20,
-               "an in-process stream write, and each Spark write task of a write other than a load, holds its "
+               "an in-process stream write, and each Spark write task but a shuffled load's, holds its "
                "tagged rows in memory up to this many bytes (Arrow's count); past it they are spilled by file "
                "group to files under .metatable/spill, so memory follows this, not the input (0: always spill)",
                minimum=0),
