@@ -147,17 +147,28 @@ def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: s
 
 def write_stream(task: WriteTask, chunks: Iterable[pa.Table], spill_dir: str | None) -> pa.Table:
     """Tagged chunks held by file group in memory; once they pass `write.spill_bytes`, they and every later
-    chunk go to the spill, chunk by chunk. Then every file group is written."""
+    chunk go to the spill, chunk by chunk, in a background thread while the next chunk is read and tagged
+    (tagging holds the GIL in mmh3 calls, a spill's take and compression release it). Then every file group
+    is written."""
     budget = task.config.options["write.spill_bytes"]
     held = HeldGroups()
-    with GroupSpill(spill_dir) as spill:
+    with GroupSpill(spill_dir) as spill, ThreadPoolExecutor(1, thread_name_prefix="metatable-spill") as spiller:
+        spilling: Future | None = None
         for rows in chunks:
+            if spilling is not None:
+                spilling.result()  # one chunk spills while the next is tagged: memory holds two
             held.add(rows)
             if spill.writers or held.nbytes > budget:
-                held.spill(spill)
+                spilling = spiller.submit(held.spill, spill, held.take_chunks())
+        if spilling is not None:
+            spilling.result()
         if not spill.writers:
             return write_groups(task, held.groups(), len(held.keys))
         return write_groups(task, spill.groups(), len(spill.writers))
+
+
+SPILL_TAKES = 8  # takes per spilled chunk (see HeldGroups.spill)
+HeldChunk = tuple[pa.Table, list[tuple[tuple[str, str], np.ndarray]]]  # rows, and each file group's indices
 
 
 class HeldGroups:
@@ -165,7 +176,7 @@ class HeldGroups:
     budget is written from memory, without the spill's write and read-back (see docs/design-notes.md)."""
 
     def __init__(self) -> None:
-        self.chunks: list[tuple[pa.Table, list[tuple[tuple[str, str], np.ndarray]]]] = []
+        self.chunks: list[HeldChunk] = []
         self.keys: set[tuple[str, str]] = set()
         self.nbytes = 0
 
@@ -176,14 +187,35 @@ class HeldGroups:
         self.keys.update(key for key, _ in groups)
         self.nbytes += rows.nbytes
 
-    def spill(self, spill: GroupSpill) -> None:
-        """Hand the held chunks to `spill` one at a time, letting go of each."""
-        while self.chunks:
-            rows, groups = self.chunks.pop(0)
-            for _, group in groups:
-                spill.add(rows.take(group))
+    def take_chunks(self) -> list[HeldChunk]:
+        """The held chunks, no longer held."""
+        chunks, self.chunks = self.chunks, []
         self.keys.clear()
         self.nbytes = 0
+        return chunks
+
+    @staticmethod
+    def spill(spill: GroupSpill, chunks: list[HeldChunk]) -> None:
+        """Hand each chunk's file groups to `spill`, letting go of each chunk. One take puts about an eighth
+        of the chunk in file-group order, and each group is a slice of it. A take per group cost twice as
+        much (SF 1, 1M-row chunks of 56 groups: 0.40 s against 0.19 s per chunk); a take of the whole chunk
+        held a copy of it: the SF 1 load's peak went from 1.5 to 2.1 GB."""
+        while chunks:
+            rows, groups = chunks.pop(0)
+            rows = rows.drop_columns([PARTITION_COLUMN, FILE_ID_COLUMN])
+            share = max(1, rows.num_rows // SPILL_TAKES)
+            batch: list[tuple[tuple[str, str], np.ndarray]] = []
+            batch_rows = 0
+            for i, group in enumerate(groups):
+                batch.append(group)
+                batch_rows += len(group[1])
+                if batch_rows >= share or i == len(groups) - 1:
+                    ordered = rows.take(np.concatenate([indices for _, indices in batch]))
+                    offset = 0
+                    for key, indices in batch:
+                        spill.add(key, ordered.slice(offset, len(indices)))
+                        offset += len(indices)
+                    batch, batch_rows = [], 0
 
     def groups(self) -> Iterator[Callable[[], pa.Table]]:
         """A loader of each file group's rows (one table, taken when a writer thread calls it)."""
@@ -202,8 +234,10 @@ def take_parts(parts: list[tuple[pa.Table, np.ndarray]]) -> pa.Table:
 
 class GroupSpill:
     """Tagged rows appended chunk by chunk to one local Arrow IPC file per file group (lz4), then read back
-    one file group at a time (memory-mapped). The directory is removed on exit, and by a rollback of the
-    instant if the process dies."""
+    one file group at a time (memory-mapped). A file group's partition and file id are the same in all its
+    rows, so they are kept once, not per row: taking and writing them was a quarter of a spill's take (SF 1,
+    1M-row chunks: 0.19 -> 0.14 s). The directory is removed on exit, and by a rollback of the instant if the
+    process dies."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
@@ -224,8 +258,8 @@ class GroupSpill:
                 writer.close()
             self.closed = True
 
-    def add(self, group: pa.Table) -> None:
-        key = (group[PARTITION_COLUMN][0].as_py(), group[FILE_ID_COLUMN][0].as_py())
+    def add(self, key: tuple[str, str], group: pa.Table) -> None:
+        """Append rows of the file group `key` (partition, file id), taken without those two columns."""
         if key not in self.writers:
             path = os.path.join(self.directory, f"{len(self.writers):06d}.arrow")
             options = pa.ipc.IpcWriteOptions(compression="lz4")
@@ -235,10 +269,13 @@ class GroupSpill:
     def groups(self) -> Iterator[Callable[[], pa.Table]]:
         """A loader of each file group's rows (one table, read back when a writer thread calls it)."""
         self.close()
-        for path, _ in self.writers.values():
-            yield partial(read_spilled, path)
+        for key, (path, _) in self.writers.items():
+            yield partial(read_spilled, path, key)
 
 
-def read_spilled(path: str) -> pa.Table:
+def read_spilled(path: str, key: tuple[str, str]) -> pa.Table:
     with pa.memory_map(path) as source:
-        return pa.ipc.open_stream(source).read_all().combine_chunks()
+        rows = pa.ipc.open_stream(source).read_all().combine_chunks()
+    partition, file_id = key
+    return rows.append_column(PARTITION_COLUMN, pa.repeat(pa.scalar(partition, pa.string()), rows.num_rows)) \
+        .append_column(FILE_ID_COLUMN, pa.repeat(pa.scalar(file_id, pa.string()), rows.num_rows))
