@@ -3,12 +3,15 @@
 Writes: an Arrow UDF tags each row (key, partition path, file group) from its key and partition columns,
 Spark shuffles and sorts by file group, and `mapInArrow` writes each file group on an executor as its rows
 stream past, returning one statistics row per file; only those rows reach the driver. A small input skips
-the shuffle: one task tags and writes it, as an in-process write does. Reads: base files that need no merge
+the shuffle: one task tags and writes it, as an in-process write does. A big plain scan of Parquet files
+skips the JVM: executors read the files with pyarrow, tag and spill them by file group, and write tasks
+write the groups from the spill. Reads: base files that need no merge
 go to Spark's own Parquet reader; file slices with logs are merged by `mapInArrow` tasks, one slice at a
 time.
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import os
@@ -17,10 +20,14 @@ import shutil
 import sys
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence, Tuple
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyarrow.fs import LocalFileSystem
 
 from .errors import InvalidInputError, MetatableError
 from .file_slice import FileSlice
@@ -29,8 +36,9 @@ from .slice_reader import base_path, read_slice
 from .storage import LocalStorage
 from .table_config import KEY_COLUMN, TableConfig
 from .tagging import Tagger, tag_inputs
-from .write_engine import write_held_batches, write_sorted_batches, write_whole_input
-from .write_input import conformed_schema
+from .base_file import new_write_token
+from .write_engine import spill_tagged, write_held_batches, write_sorted_batches, write_spilled, write_whole_input
+from .write_input import WriteStream, conformed_schema, pyarrow_dataset
 from .write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, PRESENT_COLUMN, WriteTask
 from .written import STATS_SCHEMA
 
@@ -175,26 +183,40 @@ def _tag_udf(task: WriteTask):
 
 
 def run_spark(task: WriteTask, df) -> pa.Table:
-    """Run the write of a conformed DataFrame on Spark; returns the statistics of every file written.
+    """Run the write of a conformed DataFrame on Spark; returns the statistics of every file written. Three
+    paths, chosen on the driver from Spark's plan of the input:
 
-    An input that Spark estimates at `write.spark_one_task_bytes` or less (128 MB by default, what Spark
-    reads in one task) is written by one task that reads it whole, as an in-process write: its rows need no
-    shuffle to give each file group one writer, and the task writes its file groups in threads. Measured at
-    SF 1 on 2 cores, a 300k-row upsert from a 7.5 MB Parquet file, median of 5 runs on copies of one table:
-    bucket index 2.69 -> 1.92 s, bloom 3.10 -> 2.23 s, bloom on the skewed batch 3.89 -> 2.65 s. Any other
-    input is tagged, shuffled by file group and written by `write.shuffle_partitions` tasks."""
+    - An input that Spark estimates at `write.spark_one_task_bytes` or less (128 MB by default, what Spark
+      reads in one task) is written by one task that reads it whole, as an in-process write: its rows need
+      no shuffle to give each file group one writer, and the task writes its file groups in threads.
+      Measured at SF 1 on 2 cores, a 300k-row upsert from a 7.5 MB Parquet file, median of 5 runs on copies
+      of one table: bucket index 2.69 -> 1.92 s, bloom 3.10 -> 2.23 s, bloom on the skewed batch 3.89 ->
+      2.65 s.
+    - A bigger input that is a plain scan of local Parquet files is read by the executors themselves
+      (`_scan_write`), without moving its rows through the JVM.
+    - Any other input is tagged, shuffled by file group and written by `write.shuffle_partitions` tasks."""
     limit = task.config.options["write.spark_one_task_bytes"]
     size = estimated_bytes(df) if limit else math.inf
-    log.debug("%s %s: Spark estimates its input at %.0f bytes, so it is written %s", task.operation, task.instant,
-              size, "by one task" if size <= limit else "after a shuffle")
-    stats = df.coalesce(1).mapInArrow(partial(write_whole_input, task), to_spark_schema(STATS_SCHEMA)) \
-        if size <= limit else _shuffled_write(task, df)
+    try:
+        if size <= limit:
+            log.debug("%s %s: Spark estimates its input at %.0f bytes: one task writes it", task.operation,
+                      task.instant, size)
+            return collected(df.coalesce(1).mapInArrow(partial(write_whole_input, task),
+                                                       to_spark_schema(STATS_SCHEMA)))
+        files = scanned_parquet_files(df, task.config, task.operation)
+        log.debug("%s %s: Spark estimates its input at %.0f bytes: %s", task.operation, task.instant, size,
+                  f"executors read its {len(files)} Parquet files" if files else "it is shuffled")
+        return _scan_write(task, df.sparkSession, files) if files else collected(_shuffled_write(task, df))
+    finally:  # the tasks removed their spills, not the instant's directory that holds them
+        shutil.rmtree(task.paths.spill(task.instant), ignore_errors=True)
+
+
+def collected(stats) -> pa.Table:
+    """A statistics DataFrame brought to the driver (small: a row per file written)."""
     try:
         return stats.toArrow()
     except Exception as e:  # Spark wraps executor errors; bring ours back by name
         raise unwrap_spark_error(e) from None
-    finally:  # the tasks removed their spills, not the instant's directory that holds them
-        shutil.rmtree(task.paths.spill(task.instant), ignore_errors=True)
 
 
 SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
@@ -206,9 +228,109 @@ def estimated_bytes(df) -> float:
     """Spark optimizer's size estimate of a DataFrame, the one it weighs broadcast joins by: the files' bytes
     of a file scan, the data's of local data, and 8 EiB when it cannot tell (an RDD). Read from `EXPLAIN
     COST`, the only public way to it from Python; infinite if the text does not say. ~60 ms."""
-    text = df.sparkSession.sql("EXPLAIN COST SELECT * FROM {df}", df=df).first()[0]
-    m = ESTIMATE.search(text)
+    m = ESTIMATE.search(explained(df))
     return float(m[1]) * 1024 ** SIZE_UNITS.index(m[2]) if m else math.inf
+
+
+def explained(df) -> str:
+    return df.sparkSession.sql("EXPLAIN COST SELECT * FROM {df}", df=df).first()[0]
+
+
+PLAIN_SCAN = re.compile(r"== Optimized Logical Plan ==\nRelation [^\n]*\] parquet, Statistics\([^\n]*\)\n\n")
+
+
+def scanned_parquet_files(df, config: TableConfig, operation: str) -> list[str] | None:
+    """The local paths of the Parquet files a DataFrame reads, when it only reads them: its optimized plan
+    is one Parquet relation (no filter, projection or join), every file is on a local (or mounted) file
+    system, and their columns conform to the table as pyarrow reads them (Spark's hive partition columns
+    are not in the files, so a partitioned directory does not qualify). None otherwise."""
+    if not PLAIN_SCAN.search(explained(df)):
+        return None
+    urls = df.inputFiles()
+    if not urls or not all(url.startswith("file:") for url in urls):
+        return None
+    files = [url2pathname(urlparse(url).path) for url in urls]
+    try:
+        schema = pq.read_schema(files[0])
+        conformed_schema(schema, config, operation)
+    except (OSError, pa.ArrowInvalid, MetatableError):
+        return None
+    return files if set(df.columns) == set(schema.names) else None
+
+
+SCAN_LISTING = pa.schema([("partition", pa.string()), ("file_id", pa.string()), ("path", pa.string()),
+                          ("rows", pa.int64())])
+
+
+def _scan_write(task: WriteTask, spark, files: list[str]) -> pa.Table:
+    """The write of a plain Parquet scan, in two stages of Python tasks, with no row crossing the JVM:
+
+    1. each task reads its share of the files' row groups with pyarrow, tags it `write.chunk_rows` rows at
+       a time as an in-process stream is, and appends each file group's rows to its own spill file
+       (`write_engine.spill_tagged`), reporting the files to the driver;
+    2. the driver deals the file groups out to write tasks by rows, and each writes its file groups from
+       their spill files (`write_engine.write_spilled`), in threads.
+
+    A retried or speculative task writes new files under a new name; the driver uses the ones that the
+    successful attempt reported, and the instant's spill directory, which holds them all, goes at the end.
+    Moving 6M rows from the JVM into Python took 7-12 s on 2 cores, the floor of the other paths for a load
+    of SF 1; measured loads of SF 1 from its 200 MB Parquet file: see docs/design-notes.md."""
+    options = task.config.options
+    count = options["write.shuffle_partitions"] or spark.sparkContext.defaultParallelism
+    shares = row_group_shares(files, count)
+    chunk_rows = options["write.chunk_rows"]
+    spill = task.paths.spill(task.instant)
+
+    def tag_share(i: int) -> list[dict]:
+        stream = WriteStream(parquet_fragments(shares[i]), task.config, task.operation)
+        return spill_tagged(task, stream.chunks(chunk_rows), os.path.join(spill, f"scan-{i}-{new_write_token()}"))
+
+    listing = run_indexed_tasks(spark, len(shares), tag_share, SCAN_LISTING)
+    groups: dict[tuple[str, str], tuple[list[str], int]] = {}
+    for row in listing.to_pylist():
+        paths, rows = groups.get((row["partition"], row["file_id"]), ([], 0))
+        groups[(row["partition"], row["file_id"])] = ([*paths, row["path"]], rows + row["rows"])
+    writes = dealt([(key, paths) for key, (paths, _) in groups.items()], [rows for _, rows in groups.values()],
+                   count)
+    return run_indexed_tasks(spark, len(writes), lambda i: write_spilled(task, writes[i]).to_pylist())
+
+
+def row_group_shares(files: list[str], count: int) -> list[list[tuple[str, list[int]]]]:
+    """The files' row groups in `count` (or fewer) runs of about equal rows, in file order: each run a list
+    of (file, its row groups)."""
+    pieces = [(path, i, metadata.row_group(i).num_rows)
+              for path in files for metadata in [pq.read_metadata(path)] for i in range(metadata.num_row_groups)]
+    total = sum(rows for _, _, rows in pieces)
+    shares: list[list[tuple[str, list[int]]]] = [[]]
+    done = 0
+    for path, group, rows in pieces:
+        if done >= total * len(shares) / count and shares[-1]:
+            shares.append([])
+        share = shares[-1]
+        if share and share[-1][0] == path:
+            share[-1][1].append(group)
+        else:
+            share.append((path, [group]))
+        done += rows
+    return shares
+
+
+def parquet_fragments(share: list[tuple[str, list[int]]]):
+    """A pyarrow Dataset of the given row groups of Parquet files."""
+    ds = pyarrow_dataset()
+    parquet, local = ds.ParquetFileFormat(), LocalFileSystem()
+    fragments = [parquet.make_fragment(path, filesystem=local, row_groups=groups) for path, groups in share]
+    return ds.FileSystemDataset(fragments, fragments[0].physical_schema, parquet, local)
+
+
+def dealt(items: list, weights: list[int], count: int) -> list[list]:
+    """`items` dealt into at most `count` lists of about equal total weight, the heaviest first."""
+    hands: list[tuple[int, int, list]] = [(0, i, []) for i in range(min(count, len(items)))]
+    for weight, item in sorted(zip(weights, items), key=lambda pair: -pair[0]):
+        total, i, hand = heapq.heappop(hands)
+        hand.append(item)
+        heapq.heappush(hands, (total + weight, i, hand))
+    return [hand for _, _, hand in sorted(hands, key=lambda h: h[1]) if hand]
 
 
 def _shuffled_write(task: WriteTask, df):
@@ -283,23 +405,20 @@ def read_dataframe(spark, paths: TablePaths, config: TableConfig, slices: Sequen
     return result
 
 
-def run_indexed_tasks(spark, count: int, task: Callable[[int], list[dict]]) -> pa.Table:
-    """Run `task(i)` for i in range(count), one Spark task each, on executors; returns the statistics rows
-    they report (one per file written)."""
+def run_indexed_tasks(spark, count: int, task: Callable[[int], list[dict]],
+                      schema: pa.Schema = STATS_SCHEMA) -> pa.Table:
+    """Run `task(i)` for i in range(count), one Spark task each, on executors; returns the rows they
+    report, of `schema` (by default statistics: one per file written)."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for index in batch.column(0).to_pylist():
                 rows = task(index)
                 if rows:
-                    yield pa.RecordBatch.from_pylist(rows, schema=STATS_SCHEMA)
+                    yield pa.RecordBatch.from_pylist(rows, schema=schema)
 
     if count == 0:
-        return STATS_SCHEMA.empty_table()
-    stats = spark.range(count, numPartitions=count).mapInArrow(run, to_spark_schema(STATS_SCHEMA))
-    try:
-        return stats.toArrow()
-    except Exception as e:
-        raise unwrap_spark_error(e) from None
+        return schema.empty_table()
+    return collected(spark.range(count, numPartitions=count).mapInArrow(run, to_spark_schema(schema)))
 
 
 def shuffle_sorted(spark, count: int, emit: Callable[[int], pa.Table], emitted: pa.Schema, by: Sequence[str],
@@ -320,7 +439,4 @@ def shuffle_sorted(spark, count: int, emit: Callable[[int], pa.Table], emitted: 
         return written.empty_table()
     rows = spark.range(count, numPartitions=count).mapInArrow(run_emit, to_spark_schema(emitted))
     ordered = rows.repartition(partitions, *by).sortWithinPartitions(*emitted.names)
-    try:
-        return ordered.mapInArrow(run_write, to_spark_schema(written)).toArrow()
-    except Exception as e:
-        raise unwrap_spark_error(e) from None
+    return collected(ordered.mapInArrow(run_write, to_spark_schema(written)))

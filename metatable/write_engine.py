@@ -120,25 +120,27 @@ def write_groups(task: WriteTask, groups: Iterable[Callable[[], pa.Table]], tota
     return pa.concat_tables(results) if results else STATS_SCHEMA.empty_table()
 
 
+def tag_chunks(task: WriteTask, chunks: Iterable[pa.Table]) -> Iterator[pa.Table]:
+    """Each chunk with its tags (`with_tags`), by one tagger: a bloom tagger keeps what it fetched."""
+    tagger = Tagger(task)
+    inputs = tag_inputs(task.config)
+    for chunk in chunks:
+        keys, assignment = tagger(chunk.select(inputs))
+        # a take from many chunks is slow: 0.46 s against 0.04 s for a 1/56 share of SF 1
+        yield with_tags(task, chunk, keys, assignment).combine_chunks()
+
+
 def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: str | None = None) -> pa.Table:
     """The whole write in this process. `data` is conformed to the table: a Table, or a stream of chunks
     that are tagged one at a time and held by file group in memory up to `write.spill_bytes`; past that,
-    they go to `spill_dir`, one file per file group, so that memory holds the budget, a chunk and the file
-    groups being written, not the input. Returns the files' statistics."""
-    tagger = Tagger(task)
-    inputs = tag_inputs(task.config)
-
-    def tagged(chunk: pa.Table) -> pa.Table:
-        keys, assignment = tagger(chunk.select(inputs))
-        # a take from many chunks is slow: 0.46 s against 0.04 s for a 1/56 share of SF 1
-        return with_tags(task, chunk, keys, assignment).combine_chunks()
-
+    they go to `spill_dir`, one file per file group, so that memory holds the budget, two chunks and the
+    file groups being written, not the input. Returns the files' statistics."""
     try:
         if isinstance(data, pa.Table):
-            rows = tagged(data)
+            rows = next(tag_chunks(task, [data]))
             groups = list(file_group_rows(rows))
             return write_groups(task, (partial(rows.take, group) for group in groups), len(groups))
-        return write_stream(task, (tagged(chunk) for chunk in data), spill_dir)
+        return write_stream(task, tag_chunks(task, data), spill_dir)
     finally:
         # mimalloc keeps freed pages for reuse: after an SF 1 load from a Parquet path the process stayed at
         # 2.0 GB RSS (0 bytes allocated) until this returned them, 0.2 GB after
@@ -146,13 +148,21 @@ def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: s
 
 
 def write_stream(task: WriteTask, chunks: Iterable[pa.Table], spill_dir: str | None) -> pa.Table:
-    """Tagged chunks held by file group in memory; once they pass `write.spill_bytes`, they and every later
-    chunk go to the spill, chunk by chunk, in a background thread while the next chunk is read and tagged
-    (tagging holds the GIL in mmh3 calls, a spill's take and compression release it). Then every file group
-    is written."""
-    budget = task.config.options["write.spill_bytes"]
+    """Tagged chunks held by file group in memory up to `write.spill_bytes`, past it spilled (`hold`);
+    then every file group is written."""
+    with GroupSpill(spill_dir) as spill:
+        held = hold(chunks, spill, task.config.options["write.spill_bytes"])
+        if not spill.writers:
+            return write_groups(task, held.groups(), len(held.keys))
+        return write_groups(task, spill.groups(), len(spill.writers))
+
+
+def hold(chunks: Iterable[pa.Table], spill: GroupSpill, budget: int) -> HeldGroups:
+    """Tagged chunks held by file group; once they pass `budget` bytes, they and every later chunk go to
+    `spill`, chunk by chunk, in a background thread while the next chunk is read and tagged (tagging holds
+    the GIL in mmh3 calls; a spill's take and compression release it). Returns what stayed held."""
     held = HeldGroups()
-    with GroupSpill(spill_dir) as spill, ThreadPoolExecutor(1, thread_name_prefix="metatable-spill") as spiller:
+    with ThreadPoolExecutor(1, thread_name_prefix="metatable-spill") as spiller:
         spilling: Future | None = None
         for rows in chunks:
             if spilling is not None:
@@ -162,9 +172,24 @@ def write_stream(task: WriteTask, chunks: Iterable[pa.Table], spill_dir: str | N
                 spilling = spiller.submit(held.spill, spill, held.take_chunks())
         if spilling is not None:
             spilling.result()
-        if not spill.writers:
-            return write_groups(task, held.groups(), len(held.keys))
-        return write_groups(task, spill.groups(), len(spill.writers))
+    return held
+
+
+def spill_tagged(task: WriteTask, chunks: Iterable[pa.Table], directory: str) -> list[dict]:
+    """One share of a distributed write (`spark_engine.run_spark`): its chunks tagged and appended by file
+    group to Arrow files in `directory`, which stay for the write tasks (`write_spilled`). Returns a row per
+    file group: its partition, file id, file and row count."""
+    spill = GroupSpill(directory)
+    try:
+        hold(tag_chunks(task, chunks), spill, 0)
+    finally:
+        spill.close()
+    return spill.listing()
+
+
+def write_spilled(task: WriteTask, groups: list[tuple[tuple[str, str], list[str]]]) -> pa.Table:
+    """Write each (partition, file id) group from the spill files that the tagging tasks wrote for it."""
+    return write_groups(task, (partial(read_spilled, paths, key) for key, paths in groups), len(groups))
 
 
 SPILL_TAKES = 8  # takes per spilled chunk (see HeldGroups.spill)
@@ -242,10 +267,11 @@ class GroupSpill:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.writers: dict[tuple[str, str], tuple[str, pa.ipc.RecordBatchStreamWriter]] = {}
+        self.rows: dict[tuple[str, str], int] = {}
         self.closed = False
+        os.makedirs(directory, exist_ok=True)
 
     def __enter__(self) -> GroupSpill:
-        os.makedirs(self.directory, exist_ok=True)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -265,17 +291,27 @@ class GroupSpill:
             options = pa.ipc.IpcWriteOptions(compression="lz4")
             self.writers[key] = (path, pa.ipc.new_stream(path, group.schema, options=options))
         self.writers[key][1].write_table(group)
+        self.rows[key] = self.rows.get(key, 0) + group.num_rows
+
+    def listing(self) -> list[dict]:
+        """A row per file group: its partition, file id, spill file and row count."""
+        return [{"partition": key[0], "file_id": key[1], "path": path, "rows": self.rows[key]}
+                for key, (path, _) in self.writers.items()]
 
     def groups(self) -> Iterator[Callable[[], pa.Table]]:
         """A loader of each file group's rows (one table, read back when a writer thread calls it)."""
         self.close()
         for key, (path, _) in self.writers.items():
-            yield partial(read_spilled, path, key)
+            yield partial(read_spilled, [path], key)
 
 
-def read_spilled(path: str, key: tuple[str, str]) -> pa.Table:
-    with pa.memory_map(path) as source:
-        rows = pa.ipc.open_stream(source).read_all().combine_chunks()
+def read_spilled(paths: list[str], key: tuple[str, str]) -> pa.Table:
+    """The rows of the file group `key` from its spill files, with its partition and file id put back."""
+    parts = []
+    for path in paths:
+        with pa.memory_map(path) as source:
+            parts.append(pa.ipc.open_stream(source).read_all())
+    rows = pa.concat_tables(parts).combine_chunks()
     partition, file_id = key
     return rows.append_column(PARTITION_COLUMN, pa.repeat(pa.scalar(partition, pa.string()), rows.num_rows)) \
         .append_column(FILE_ID_COLUMN, pa.repeat(pa.scalar(file_id, pa.string()), rows.num_rows))

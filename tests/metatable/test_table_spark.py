@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 import metatable as mt
 from metatable.errors import ConfigError, InvalidInputError, TableExistsError, TableNotFoundError
 from metatable.paths import TablePaths
-from metatable.spark_engine import estimated_bytes, gathered
+from metatable.spark_engine import dealt, estimated_bytes, gathered, row_group_shares, scanned_parquet_files
 
 from .table_model import SCHEMA, TableModel, check_metadata, operation_strategy, sort_rows
 
@@ -29,10 +29,12 @@ def as_dicts(df):
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
 @settings(max_examples=4)
 @given(ops=st.lists(operation_strategy, min_size=1, max_size=4), partitioned=st.booleans(),
-       spill_bytes=st.sampled_from([0, 1 << 30]), one_task_bytes=st.sampled_from([0, 1 << 20]))
-def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_bytes, one_task_bytes):
+       spill_bytes=st.sampled_from([0, 1 << 30]), one_task_bytes=st.sampled_from([0, 1 << 20]),
+       from_files=st.booleans())
+def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_bytes, one_task_bytes, from_files):
     """Write tasks hold their rows by file group (a load sorts them in Spark); spill_bytes 0 spills them all.
-    one_task_bytes 0 shuffles every input; 1 MiB writes these small ones in one task, without a shuffle."""
+    one_task_bytes 1 MiB writes these small inputs in one task, without a shuffle; with 0, an input of local
+    data is shuffled, and a Parquet file read whole is read by the executors (`_scan_write`)."""
     root = tempfile.mkdtemp(prefix="mt-spark-")
     try:
         table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p" if partitioned else None, "ts",
@@ -40,9 +42,15 @@ def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_byt
                                 options={"write.spill_bytes": spill_bytes,
                                          "write.spark_one_task_bytes": one_task_bytes})
         model = TableModel(partitioned)
-        for operation, rows in ops:
-            df = spark.createDataFrame(pa.Table.from_pylist(rows, schema=SCHEMA))  # local data: Spark knows its size
-            getattr(table, operation)(df.select("id", "p") if operation == "delete" else df)
+        for i, (operation, rows) in enumerate(ops):
+            data = pa.Table.from_pylist(rows, schema=SCHEMA)
+            data = data.select(["id", "p"]) if operation == "delete" else data
+            if from_files:
+                pq.write_table(data, f"{root}/input-{i}.parquet", row_group_size=3)
+                df = spark.read.parquet(f"{root}/input-{i}.parquet")
+            else:
+                df = spark.createDataFrame(data)  # local data: Spark knows its size
+            getattr(table, operation)(df)
             model.apply(operation, rows)
         assert as_dicts(table.read()) == model.expected()
         assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
@@ -65,20 +73,61 @@ def stages_of(spark, action) -> list[int]:
 
 
 @pytest.mark.parametrize("index", ["bucket", "bloom"])
-def test_a_small_input_is_written_without_a_shuffle(spark, tmp_path, index):
-    """A Parquet input under `write.spark_one_task_bytes`: the write is one job of one stage. Over it, the
-    write job shuffles (a tag stage, then a write stage). The rows are the same either way."""
+def test_the_write_path_follows_the_input(spark, tmp_path, index):
+    """A Parquet input under `write.spark_one_task_bytes`: the write is one job of one stage. Over it, a plain
+    scan of the file is read by the executors: two jobs (tag and spill, then write) of one stage each, no
+    shuffle. Any other input over it is shuffled: a tag stage, then a write stage. The rows are the same."""
     rows = pa.table({"id": list(range(40)), "p": ["ab"[i % 2] for i in range(40)], "v": [f"v{i}" for i in range(40)],
                      "ts": [1] * 40})
-    pq.write_table(rows, str(tmp_path / "batch.parquet"))
+    pq.write_table(rows, str(tmp_path / "batch.parquet"), row_group_size=7)
     df = spark.read.parquet(str(tmp_path / "batch.parquet"))
-    for limit, stages in ((1 << 20, 1), (100, 2)):
-        table = mt.Table.create(str(tmp_path / f"t{limit}"), SCHEMA, "id", "p", "ts",
+    for limit, data, stages in ((1 << 20, df, [1]), (100, df, [1, 1]), (100, df.where("id >= 0"), [2])):
+        table = mt.Table.create(str(tmp_path / f"t{len(stages)}{limit}"), SCHEMA, "id", "p", "ts",
                                 index=mt.IndexConfig(type=index, num_buckets=2),
                                 metadata_indexes=["column_stats", "bloom_filter"],
                                 options={"write.spark_one_task_bytes": limit})
-        assert stages_of(spark, lambda: table.upsert(df))[-1] == stages
+        assert stages_of(spark, lambda: table.upsert(data))[-len(stages):] == stages
         assert sort_rows(table.to_arrow().to_pylist()) == sort_rows(rows.to_pylist())
+
+
+def test_scanned_parquet_files(spark, tmp_path):
+    """Only a DataFrame that reads whole local Parquet files whose columns fit the table is read by the
+    executors themselves."""
+    config = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts").config
+    path = str(tmp_path / "x.parquet")
+    pq.write_table(pa.table({"id": [1], "p": ["a"], "v": ["x"], "ts": [1]}), path)
+    df = spark.read.parquet(path)
+    assert scanned_parquet_files(df, config, "upsert") == [path]
+    assert scanned_parquet_files(df.where("id > 0"), config, "upsert") is None
+    assert scanned_parquet_files(df.select("id", "p"), config, "delete") is None  # a projection
+    assert scanned_parquet_files(spark.createDataFrame(pa.table({"id": [1]})), config, "upsert") is None
+    os.makedirs(tmp_path / "hive" / "p=a")
+    pq.write_table(pa.table({"id": [1], "v": ["x"], "ts": [1]}), str(tmp_path / "hive" / "p=a" / "0.parquet"))
+    assert scanned_parquet_files(spark.read.parquet(str(tmp_path / "hive")), config, "upsert") is None
+    pq.write_table(pa.table({"id": ["1"], "p": ["a"], "v": ["x"], "ts": [1]}), str(tmp_path / "s.parquet"))
+    assert scanned_parquet_files(spark.read.parquet(str(tmp_path / "s.parquet")), config, "upsert") is None
+
+
+def test_row_group_shares(tmp_path):
+    paths = []
+    for i, sizes in enumerate([[5, 5, 5], [10], [1, 1, 1, 1]]):
+        paths.append(str(tmp_path / f"{i}.parquet"))
+        with pq.ParquetWriter(paths[-1], pa.schema([("id", pa.int64())])) as writer:
+            for size in sizes:
+                writer.write_table(pa.table({"id": list(range(size))}))
+    assert row_group_shares(paths, 2) == [[(paths[0], [0, 1, 2])], [(paths[1], [0]), (paths[2], [0, 1, 2, 3])]]
+    assert row_group_shares(paths, 1) == [[(paths[0], [0, 1, 2]), (paths[1], [0]), (paths[2], [0, 1, 2, 3])]]
+    assert len(row_group_shares(paths, 100)) == 8  # a row group is not split
+
+
+@given(weights=st.lists(st.integers(0, 100), max_size=30), count=st.integers(1, 6))
+def test_dealt_hands_every_item_out_once_evenly(weights, count):
+    hands = dealt(list(range(len(weights))), weights, count)
+    assert sorted(i for hand in hands for i in hand) == list(range(len(weights)))
+    assert len(hands) <= count and all(hands)
+    if hands:  # the greedy bound: no hand exceeds the mean by more than the heaviest item
+        totals = [sum(weights[i] for i in hand) for hand in hands]
+        assert max(totals) <= sum(weights) / len(hands) + max(weights)
 
 
 def test_estimated_bytes(spark, tmp_path):
