@@ -122,18 +122,24 @@ OPTIONS: dict[str, Option] = {
                "consistent hashing: how long a resize waits for writes that began before it was planned (they "
                "cannot dual-write) before it gives up and is rolled back", minimum=0.0),
         Option("write.chunk_rows", int, 1 << 20,
-               "an in-process write reads a stream input (Parquet path, dataset, RecordBatchReader), and a Spark "
-               "write of a small input gathers its rows, this many rows at a time", minimum=1),
+               "an in-process write reads a stream input (Parquet path, dataset, RecordBatchReader), a Spark write "
+               "of a small input gathers its rows, and a Spark write of Parquet files reads them, this many rows at "
+               "a time", minimum=1),
         Option("write.spill_bytes", int, 256 << 20,
                "an in-process stream write, and each Spark write task but a shuffled load's, holds its "
                "tagged rows in memory up to this many bytes (Arrow's count); past it they are spilled by file "
                "group to files under .metatable/spill, so memory follows this, not the input (0: always spill)",
                minimum=0),
+        Option("write.spill_compression", str, "none",
+               "codec of the spill files (Arrow IPC, local, removed when the write ends); lz4 made the SF 1 load "
+               "from a Parquet path 0.7-1.7 s slower in-process and 0.6 s on Spark (docs/design-notes.md) for "
+               "files about half the size", choices=("none", "lz4", "zstd")),
         Option("write.shuffle_partitions", int, 0,
-               "Spark partitions of the write shuffle (0: Spark's default parallelism, one task per core)", minimum=0),
+               "Spark tasks of a write's shuffle, and of each stage of a write that reads Parquet files itself "
+               "(0: Spark's default parallelism, one task per core)", minimum=0),
         Option("write.spark_one_task_bytes", int, 128 << 20,
                "a Spark write whose input Spark's optimizer estimates at this many bytes or fewer (a Parquet file's "
-               "size, local data's size) is written by one task, in threads, without a shuffle (0: always shuffle)",
+               "size, local data's size) is written by one task, in threads, without a shuffle (0: never)",
                minimum=0),
         Option("heartbeat.interval_s", float, 5.0, "how often an inflight writer refreshes its heartbeat",
                minimum=0.01),

@@ -39,14 +39,16 @@ def as_stream(data: pa.Table, kind: str, directory: str, step: int):
 @pytest.mark.parametrize("index", sorted(INDEXES))
 @pytest.mark.parametrize("kind", KINDS)
 @settings(max_examples=8, deadline=None)
-@given(ops=st.lists(operation_strategy, min_size=1, max_size=4), spill_bytes=st.sampled_from([0, 600, 1 << 30]))
-def test_streamed_writes_equal_the_model(table_type, index, kind, ops, spill_bytes):
+@given(ops=st.lists(operation_strategy, min_size=1, max_size=4), spill_bytes=st.sampled_from([0, 600, 1 << 30]),
+       spill_compression=st.sampled_from(["none", "lz4"]))
+def test_streamed_writes_equal_the_model(table_type, index, kind, ops, spill_bytes, spill_compression):
     """Chunks held in memory, spilled from the first, or spilled once some are held (`write.spill_bytes`)."""
     root = tempfile.mkdtemp(prefix="mt-stream-")
     try:
         table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p", "ts", table_type=table_type, index=INDEXES[index],
                                 metadata_indexes=["column_stats", "bloom_filter"],
-                                options={"write.chunk_rows": 4, "write.spill_bytes": spill_bytes})
+                                options={"write.chunk_rows": 4, "write.spill_bytes": spill_bytes,
+                                         "write.spill_compression": spill_compression})
         model = TableModel(partitioned=True)
         for step, (operation, rows) in enumerate(ops):
             data = pa.Table.from_pylist(rows, schema=SCHEMA)
