@@ -1,7 +1,8 @@
 """Child process for the cluster test: the pipeline's Spark steps against a standalone cluster (or local).
 
 usage: python -m tests.metatable.cluster_child MASTER ROOT DATA_DIR [small]
-DATA_DIR holds load.parquet, upsert.parquet and delete.parquet. A bucket table at ROOT (load, upsert, delete,
+DATA_DIR holds load.parquet, upsert.parquet and delete.parquet. Inputs take each path of a Spark write: one
+task, executors reading the files, a shuffle. A bucket table at ROOT (load, upsert, delete,
 compaction, a clustering that doubles its buckets, a record-index build, reads) and a bloom-index table at
 ROOT-bloom (load, upsert, delete) and a consistent-hashing table at ROOT-ch (load, a resize, upsert, delete),
 all on Spark. Prints one JSON line: the driver's and the executors' Python
@@ -42,8 +43,9 @@ def main() -> None:
         spark.stop()
         return
     load = spark.read.parquet(os.path.join(data, "load.parquet"))
+    # the load's file (~10 MB) is over this limit: the executors read it themselves, tag it and spill it
     table = mt.Table.create(root, arrow_schema_of(load), KEY, "ship_year",
-                            index=mt.IndexConfig(num_buckets=2))
+                            index=mt.IndexConfig(num_buckets=2), options={"write.spark_one_task_bytes": 1 << 20})
     steps = {"load": table.bulk_insert(load).inserted}
     result = table.upsert(spark.read.parquet(os.path.join(data, "upsert.parquet")))
     steps["upsert"] = [result.inserted, result.updated]
@@ -62,11 +64,11 @@ def main() -> None:
     steps["bloom_delete"] = bloom.delete(spark.read.parquet(os.path.join(data, "delete.parquet"))).deleted
     ring = mt.Table.create(root + "-ch", arrow_schema_of(load), KEY, "ship_year",
                            index=mt.IndexConfig(engine="consistent_hashing", num_buckets=1),
-                           options={"write.target_file_size": 1 << 18})
+                           options={"write.target_file_size": 1 << 18, "write.spark_one_task_bytes": 0})
     ring.bulk_insert(load)
     before = sum(r["buckets"] for r in ring.rings())
     steps["resize"] = ring.cluster(spark=spark) is not None and sum(r["buckets"] for r in ring.rings()) > before
-    ring.upsert(spark.read.parquet(os.path.join(data, "upsert.parquet")))
+    ring.upsert(spark.read.parquet(os.path.join(data, "upsert.parquet")).where("l_orderkey > 0"))  # shuffled
     steps["ring_delete"] = ring.delete(spark.read.parquet(os.path.join(data, "delete.parquet"))).deleted
     print(json.dumps({"driver": os.getpid(), "executors": pids, "shipped": shipped, "steps": steps}))
     spark.stop()
