@@ -175,6 +175,21 @@ def test_bad_input_is_rejected_before_anything_is_written(spark, table, rows, dd
     assert not [p for p in (table.path + "/p=a",) if __import__("os").path.exists(p) and __import__("os").listdir(p)]
 
 
+def test_a_null_key_in_files_the_executors_read_stops_the_write(spark, tmp_path):
+    """The executors' own read of Parquet files (over `write.spark_one_task_bytes`) checks keys as every
+    write does: the error names the problem, and nothing is written or left in the spill."""
+    table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2),
+                            options={"write.spark_one_task_bytes": 1})
+    rows = pa.table({"id": [1, None, 3], "p": ["a", "a", "b"], "v": ["x", "y", "z"], "ts": [1, 1, 1]},
+                    schema=SCHEMA)
+    pq.write_table(rows, str(tmp_path / "in.parquet"))
+    with pytest.raises(InvalidInputError, match="'id' is null or empty in 1 rows"):
+        table.upsert(spark.read.parquet(str(tmp_path / "in.parquet")))
+    assert table.to_arrow().num_rows == 0 and table.file_slices() == {}
+    spill = os.path.dirname(table.context.paths.spill("0"))
+    assert not os.path.exists(spill) or not os.listdir(spill)
+
+
 def test_bad_table_definitions(tmp_path):
     with pytest.raises(InvalidInputError, match="not in the schema"):
         mt.Table.create(str(tmp_path / "a"), SCHEMA, "nope")
