@@ -69,10 +69,14 @@ class FileGroupWriter:
         if op == "upsert":
             counts.update(inserted=incoming.num_rows - n_present, updated=n_present)
         elif op in ("insert", "bulk_insert"):
-            incoming = incoming.filter(pa.array(~is_present))
+            # a filter copies every row, even when it keeps them all: SF 1 in-process load, 9 runs each
+            # alternated, median 7.2 -> 6.5 s
+            if n_present:
+                incoming = incoming.filter(pa.array(~is_present))
             counts.update(inserted=incoming.num_rows, skipped=n_present)
         else:
-            incoming = incoming.filter(pa.array(is_present))
+            if n_present < incoming.num_rows:
+                incoming = incoming.filter(pa.array(is_present))
             counts.update(deleted=incoming.num_rows)
         if incoming.num_rows == 0:
             return [stats_row(self.partition, self.file_id, None, None, 0, 0, counts)] if any(counts.values()) else []
