@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow.fs import LocalFileSystem
 
+from .base_file import new_write_token
 from .errors import InvalidInputError, MetatableError
 from .file_slice import FileSlice
 from .paths import TablePaths
@@ -36,7 +37,6 @@ from .slice_reader import base_path, read_slice
 from .storage import LocalStorage
 from .table_config import KEY_COLUMN, TableConfig
 from .tagging import Tagger, tag_inputs
-from .base_file import new_write_token
 from .write_engine import spill_tagged, write_held_batches, write_sorted_batches, write_spilled, write_whole_input
 from .write_input import WriteStream, conformed_schema, pyarrow_dataset
 from .write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, PRESENT_COLUMN, WriteTask
