@@ -37,7 +37,8 @@ from .slice_reader import base_path, read_slice
 from .storage import LocalStorage
 from .table_config import KEY_COLUMN, TableConfig
 from .tagging import Tagger, tag_inputs
-from .write_engine import spill_tagged, write_held_batches, write_sorted_batches, write_spilled, write_whole_input
+from .write_engine import (run_local, spill_tagged, task_spill_dir, write_held_batches, write_sorted_batches,
+                           write_spilled, write_whole_input)
 from .write_input import WriteStream, conformed_schema, pyarrow_dataset
 from .write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, PRESENT_COLUMN, WriteTask
 from .written import STATS_SCHEMA
@@ -183,30 +184,34 @@ def _tag_udf(task: WriteTask):
 
 
 def run_spark(task: WriteTask, df) -> pa.Table:
-    """Run the write of a conformed DataFrame on Spark; returns the statistics of every file written. Three
-    paths, chosen on the driver from Spark's plan of the input:
+    """Run the write of a conformed DataFrame on Spark; returns the statistics of every file written. The
+    path is chosen on the driver from Spark's plan of the input:
 
-    - An input that Spark estimates at `write.spark_one_task_bytes` or less (128 MB by default, what Spark
-      reads in one task) is written by one task that reads it whole, as an in-process write: its rows need
-      no shuffle to give each file group one writer, and the task writes its file groups in threads.
-      Measured at SF 1 on 2 cores, a 300k-row upsert from a 7.5 MB Parquet file, median of 5 runs on copies
-      of one table: bucket index 2.69 -> 1.92 s, bloom 3.10 -> 2.23 s, bloom on the skewed batch 3.89 ->
-      2.65 s.
-    - A bigger input that is a plain scan of local Parquet files is read by the executors themselves
-      (`_scan_write`), without moving its rows through the JVM.
+    - An input that is a plain scan of local Parquet files is read by the executors themselves
+      (`_scan_write`), without moving its rows through the JVM: by one task if it is small (below), else
+      by a tag-and-spill stage and a write stage.
+    - Any other input that Spark estimates at `write.spark_one_task_bytes` or less (128 MB by default, what
+      Spark reads in one task) is written by one task that reads it whole, as an in-process write: its
+      rows need no shuffle to give each file group one writer, and the task writes its file groups in
+      threads. Measured at SF 1 on 2 cores, a 300k-row upsert from a 7.5 MB Parquet file, median of 5 runs
+      on copies of one table: bucket index 2.69 -> 1.92 s, bloom 3.10 -> 2.23 s, bloom on the skewed batch
+      3.89 -> 2.65 s.
     - Any other input is tagged, shuffled by file group and written by `write.shuffle_partitions` tasks."""
     limit = task.config.options["write.spark_one_task_bytes"]
-    size = estimated_bytes(df) if limit else math.inf
+    plan = explained(df)
+    size = estimated_bytes(plan)
+    small = size <= limit
+    files = scanned_parquet_files(df, plan, task.config, task.operation)
+    log.debug("%s %s: Spark estimates its input at %.0f bytes: %s", task.operation, task.instant, size,
+              f"executors read its {len(files)} Parquet files" if files else
+              "one task writes it" if small else "it is shuffled")
     try:
-        if size <= limit:
-            log.debug("%s %s: Spark estimates its input at %.0f bytes: one task writes it", task.operation,
-                      task.instant, size)
+        if files:
+            return _scan_write(task, df.sparkSession, files, small)
+        if small:
             return collected(df.coalesce(1).mapInArrow(partial(write_whole_input, task),
                                                        to_spark_schema(STATS_SCHEMA)))
-        files = scanned_parquet_files(df, task.config, task.operation)
-        log.debug("%s %s: Spark estimates its input at %.0f bytes: %s", task.operation, task.instant, size,
-                  f"executors read its {len(files)} Parquet files" if files else "it is shuffled")
-        return _scan_write(task, df.sparkSession, files) if files else collected(_shuffled_write(task, df))
+        return collected(_shuffled_write(task, df))
     finally:  # the tasks removed their spills, not the instant's directory that holds them
         shutil.rmtree(task.paths.spill(task.instant), ignore_errors=True)
 
@@ -224,27 +229,29 @@ ESTIMATE = re.compile(r"== Optimized Logical Plan ==\n[^\n]*Statistics\(sizeInBy
                       "|".join(SIZE_UNITS) + r")\b")
 
 
-def estimated_bytes(df) -> float:
-    """Spark optimizer's size estimate of a DataFrame, the one it weighs broadcast joins by: the files' bytes
-    of a file scan, the data's of local data, and 8 EiB when it cannot tell (an RDD). Read from `EXPLAIN
-    COST`, the only public way to it from Python; infinite if the text does not say. ~60 ms."""
-    m = ESTIMATE.search(explained(df))
+def estimated_bytes(plan: str) -> float:
+    """Spark optimizer's size estimate of a DataFrame, from its `explained` plan: the one it weighs broadcast
+    joins by. The files' bytes of a file scan, the data's of local data, and 8 EiB when it cannot tell (an
+    RDD); infinite if the text does not say."""
+    m = ESTIMATE.search(plan)
     return float(m[1]) * 1024 ** SIZE_UNITS.index(m[2]) if m else math.inf
 
 
 def explained(df) -> str:
+    """`EXPLAIN COST` of a DataFrame, the only public way from Python to its optimized plan and Spark's
+    estimate of its size. ~60 ms."""
     return df.sparkSession.sql("EXPLAIN COST SELECT * FROM {df}", df=df).first()[0]
 
 
 PLAIN_SCAN = re.compile(r"== Optimized Logical Plan ==\nRelation [^\n]*\] parquet, Statistics\([^\n]*\)\n\n")
 
 
-def scanned_parquet_files(df, config: TableConfig, operation: str) -> list[str] | None:
+def scanned_parquet_files(df, plan: str, config: TableConfig, operation: str) -> list[str] | None:
     """The local paths of the Parquet files a DataFrame reads, when it only reads them: its optimized plan
-    is one Parquet relation (no filter, projection or join), every file is on a local (or mounted) file
+    (`explained`) is one Parquet relation (no filter, projection or join), every file is on a local (or mounted) file
     system, and their columns conform to the table as pyarrow reads them (Spark's hive partition columns
     are not in the files, so a partitioned directory does not qualify). None otherwise."""
-    if not PLAIN_SCAN.search(explained(df)):
+    if not PLAIN_SCAN.search(plan):
         return None
     urls = df.inputFiles()
     if not urls or not all(url.startswith("file:") for url in urls):
@@ -262,23 +269,31 @@ SCAN_LISTING = pa.schema([("partition", pa.string()), ("file_id", pa.string()), 
                           ("rows", pa.int64())])
 
 
-def _scan_write(task: WriteTask, spark, files: list[str]) -> pa.Table:
-    """The write of a plain Parquet scan, in two stages of Python tasks, with no row crossing the JVM:
+def _scan_write(task: WriteTask, spark, files: list[str], small: bool) -> pa.Table:
+    """The write of a plain Parquet scan by Python tasks that read the files with pyarrow: no row crosses
+    the JVM. A small input (`write.spark_one_task_bytes`) is read, tagged and written by one task, as an
+    in-process stream write is: that saved the SF 1 300k-row upsert the ~0.5 s of moving its rows out of the
+    JVM. A bigger one takes two stages:
 
-    1. each task reads its share of the files' row groups with pyarrow, tags it `write.chunk_rows` rows at
-       a time as an in-process stream is, and appends each file group's rows to its own spill file
+    1. each task reads its share of the files' row groups, tags it `write.chunk_rows` rows at a time as an
+       in-process stream is, and appends each file group's rows to its own spill file
        (`write_engine.spill_tagged`), reporting the files to the driver;
     2. the driver deals the file groups out to write tasks by rows, and each writes its file groups from
-       their spill files (`write_engine.write_spilled`), in threads.
+       their spill files (`write_engine.write_spilled`).
 
     A retried or speculative task writes new files under a new name; the driver uses the ones that the
     successful attempt reported, and the instant's spill directory, which holds them all, goes at the end.
     Moving 6M rows from the JVM into Python took 7-12 s on 2 cores, the floor of the other paths for a load
     of SF 1; measured loads of SF 1 from its 200 MB Parquet file: see docs/design-notes.md."""
     options = task.config.options
+    chunk_rows = options["write.chunk_rows"]
+    if small:
+        everything = row_group_shares(files, 1)[0]
+        return run_indexed_tasks(spark, 1, lambda _: run_local(
+            task, WriteStream(parquet_fragments(everything), task.config, task.operation).chunks(chunk_rows),
+            task_spill_dir(task)).to_pylist())
     count = options["write.shuffle_partitions"] or spark.sparkContext.defaultParallelism
     shares = row_group_shares(files, count)
-    chunk_rows = options["write.chunk_rows"]
     spill = task.paths.spill(task.instant)
 
     def tag_share(i: int) -> list[dict]:

@@ -14,7 +14,8 @@ from hypothesis import given, settings, strategies as st
 import metatable as mt
 from metatable.errors import ConfigError, InvalidInputError, TableExistsError, TableNotFoundError
 from metatable.paths import TablePaths
-from metatable.spark_engine import dealt, estimated_bytes, gathered, row_group_shares, scanned_parquet_files
+from metatable.spark_engine import (dealt, estimated_bytes, explained, gathered, row_group_shares,
+                                    scanned_parquet_files)
 
 from .table_model import SCHEMA, TableModel, check_metadata, operation_strategy, sort_rows
 
@@ -74,15 +75,18 @@ def stages_of(spark, action) -> list[int]:
 
 @pytest.mark.parametrize("index", ["bucket", "bloom"])
 def test_the_write_path_follows_the_input(spark, tmp_path, index):
-    """A Parquet input under `write.spark_one_task_bytes`: the write is one job of one stage. Over it, a plain
-    scan of the file is read by the executors: two jobs (tag and spill, then write) of one stage each, no
-    shuffle. Any other input over it is shuffled: a tag stage, then a write stage. The rows are the same."""
+    """An input under `write.spark_one_task_bytes` (a plain scan of a Parquet file, which the task reads with
+    pyarrow, or a filtered one): the write is one job of one stage. Over it, a plain scan of the file is read
+    by the executors in two jobs (tag and spill, then write) of one stage each, no shuffle; any other input
+    is shuffled: a tag stage, then a write stage. The rows are the same."""
     rows = pa.table({"id": list(range(40)), "p": ["ab"[i % 2] for i in range(40)], "v": [f"v{i}" for i in range(40)],
                      "ts": [1] * 40})
     pq.write_table(rows, str(tmp_path / "batch.parquet"), row_group_size=7)
     df = spark.read.parquet(str(tmp_path / "batch.parquet"))
-    for limit, data, stages in ((1 << 20, df, [1]), (100, df, [1, 1]), (100, df.where("id >= 0"), [2])):
-        table = mt.Table.create(str(tmp_path / f"t{len(stages)}{limit}"), SCHEMA, "id", "p", "ts",
+    cases = ((1 << 20, df, [1]), (1 << 20, df.where("id >= 0"), [1]), (100, df, [1, 1]),
+             (100, df.where("id >= 0"), [2]))
+    for case, (limit, data, stages) in enumerate(cases):
+        table = mt.Table.create(str(tmp_path / f"t{case}"), SCHEMA, "id", "p", "ts",
                                 index=mt.IndexConfig(type=index, num_buckets=2),
                                 metadata_indexes=["column_stats", "bloom_filter"],
                                 options={"write.spark_one_task_bytes": limit})
@@ -94,18 +98,22 @@ def test_scanned_parquet_files(spark, tmp_path):
     """Only a DataFrame that reads whole local Parquet files whose columns fit the table is read by the
     executors themselves."""
     config = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts").config
+
+    def scanned(df, operation="upsert"):
+        return scanned_parquet_files(df, explained(df), config, operation)
+
     path = str(tmp_path / "x.parquet")
     pq.write_table(pa.table({"id": [1], "p": ["a"], "v": ["x"], "ts": [1]}), path)
     df = spark.read.parquet(path)
-    assert scanned_parquet_files(df, config, "upsert") == [path]
-    assert scanned_parquet_files(df.where("id > 0"), config, "upsert") is None
-    assert scanned_parquet_files(df.select("id", "p"), config, "delete") is None  # a projection
-    assert scanned_parquet_files(spark.createDataFrame(pa.table({"id": [1]})), config, "upsert") is None
+    assert scanned(df) == [path]
+    assert scanned(df.where("id > 0")) is None
+    assert scanned(df.select("id", "p"), "delete") is None  # a projection
+    assert scanned(spark.createDataFrame(pa.table({"id": [1]}))) is None
     os.makedirs(tmp_path / "hive" / "p=a")
     pq.write_table(pa.table({"id": [1], "v": ["x"], "ts": [1]}), str(tmp_path / "hive" / "p=a" / "0.parquet"))
-    assert scanned_parquet_files(spark.read.parquet(str(tmp_path / "hive")), config, "upsert") is None
+    assert scanned(spark.read.parquet(str(tmp_path / "hive"))) is None
     pq.write_table(pa.table({"id": ["1"], "p": ["a"], "v": ["x"], "ts": [1]}), str(tmp_path / "s.parquet"))
-    assert scanned_parquet_files(spark.read.parquet(str(tmp_path / "s.parquet")), config, "upsert") is None
+    assert scanned(spark.read.parquet(str(tmp_path / "s.parquet"))) is None
 
 
 def test_row_group_shares(tmp_path):
@@ -134,10 +142,10 @@ def test_estimated_bytes(spark, tmp_path):
     """Spark's estimate, read from its plan: a Parquet file's size, local data's, and none for an RDD."""
     path = str(tmp_path / "x.parquet")
     pq.write_table(pa.table({"id": list(range(1000))}), path)
-    assert estimated_bytes(spark.read.parquet(path)) == pytest.approx(os.path.getsize(path), rel=0.05)
-    assert estimated_bytes(spark.createDataFrame(pa.table({"id": [1, 2]}))) < 1024
-    assert estimated_bytes(spark.range(1 << 30)) == 8 << 30
-    assert estimated_bytes(spark.createDataFrame([(1, "a")], "id long, p string")) >= 1 << 60
+    assert estimated_bytes(explained(spark.read.parquet(path))) == pytest.approx(os.path.getsize(path), rel=0.05)
+    assert estimated_bytes(explained(spark.createDataFrame(pa.table({"id": [1, 2]})))) < 1024
+    assert estimated_bytes(explained(spark.range(1 << 30))) == 8 << 30
+    assert estimated_bytes(explained(spark.createDataFrame([(1, "a")], "id long, p string"))) >= 1 << 60
 
 
 @pytest.fixture
