@@ -286,19 +286,21 @@ def _scan_write(task: WriteTask, spark, files: list[str], small: bool) -> pa.Tab
     Moving 6M rows from the JVM into Python took 7-12 s on 2 cores, the floor of the other paths for a load
     of SF 1; measured loads of SF 1 from its 200 MB Parquet file: see docs/design-notes.md."""
     options = task.config.options
-    chunk_rows = options["write.chunk_rows"]
-    if small:
-        everything = row_group_shares(files, 1)[0]
-        return run_indexed_tasks(spark, 1, lambda _: run_local(
-            task, WriteStream(parquet_fragments(everything), task.config, task.operation).chunks(chunk_rows),
-            task_spill_dir(task)).to_pylist())
-    count = options["write.shuffle_partitions"] or spark.sparkContext.defaultParallelism
+    count = 1 if small else options["write.shuffle_partitions"] or spark.sparkContext.defaultParallelism
     shares = row_group_shares(files, count)
+    if not shares:
+        return STATS_SCHEMA.empty_table()
+
+    def chunks(i: int) -> Iterator[pa.Table]:
+        stream = WriteStream(parquet_fragments(shares[i]), task.config, task.operation)
+        return stream.chunks(options["write.chunk_rows"])
+
+    if small:
+        return run_indexed_tasks(spark, 1, lambda i: run_local(task, chunks(i), task_spill_dir(task)).to_pylist())
     spill = task.paths.spill(task.instant)
 
     def tag_share(i: int) -> list[dict]:
-        stream = WriteStream(parquet_fragments(shares[i]), task.config, task.operation)
-        return spill_tagged(task, stream.chunks(chunk_rows), os.path.join(spill, f"scan-{i}-{new_write_token()}"))
+        return spill_tagged(task, chunks(i), os.path.join(spill, f"scan-{i}-{new_write_token()}"))
 
     listing = run_indexed_tasks(spark, len(shares), tag_share, SCAN_LISTING)
     groups: dict[tuple[str, str], tuple[list[str], int]] = {}
@@ -312,9 +314,11 @@ def _scan_write(task: WriteTask, spark, files: list[str], small: bool) -> pa.Tab
 
 def row_group_shares(files: list[str], count: int) -> list[list[tuple[str, list[int]]]]:
     """The files' row groups in `count` (or fewer) runs of about equal rows, in file order: each run a list
-    of (file, its row groups)."""
+    of (file, its row groups). None for files without row groups."""
     pieces = [(path, i, metadata.row_group(i).num_rows)
               for path in files for metadata in [pq.read_metadata(path)] for i in range(metadata.num_row_groups)]
+    if not pieces:
+        return []
     total = sum(rows for _, _, rows in pieces)
     shares: list[list[tuple[str, list[int]]]] = [[]]
     done = 0

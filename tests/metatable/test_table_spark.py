@@ -126,6 +126,17 @@ def test_row_group_shares(tmp_path):
     assert row_group_shares(paths, 2) == [[(paths[0], [0, 1, 2])], [(paths[1], [0]), (paths[2], [0, 1, 2, 3])]]
     assert row_group_shares(paths, 1) == [[(paths[0], [0, 1, 2]), (paths[1], [0]), (paths[2], [0, 1, 2, 3])]]
     assert len(row_group_shares(paths, 100)) == 8  # a row group is not split
+    pq.ParquetWriter(str(tmp_path / "empty.parquet"), pa.schema([("id", pa.int64())])).close()
+    assert row_group_shares([str(tmp_path / "empty.parquet")], 2) == []
+
+
+def test_files_without_row_groups_write_nothing(spark, tmp_path):
+    pq.ParquetWriter(str(tmp_path / "empty.parquet"), SCHEMA).close()
+    for limit in (1 << 20, 0):  # read by one task, or by the two stages
+        table = mt.Table.create(str(tmp_path / f"t{limit}"), SCHEMA, "id", "p", "ts",
+                                options={"write.spark_one_task_bytes": limit})
+        result = table.upsert(spark.read.parquet(str(tmp_path / "empty.parquet")))
+        assert (result.inserted, result.files_written, table.to_arrow().num_rows) == (0, 0, 0)
 
 
 @given(weights=st.lists(st.integers(0, 100), max_size=30), count=st.integers(1, 6))
