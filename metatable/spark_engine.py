@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import sys
+from collections import Counter
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence, Tuple
 from urllib.parse import urlparse
@@ -248,9 +249,9 @@ PLAIN_SCAN = re.compile(r"== Optimized Logical Plan ==\nRelation [^\n]*\] parque
 
 def scanned_parquet_files(df, plan: str, config: TableConfig, operation: str) -> list[str] | None:
     """The local paths of the Parquet files a DataFrame reads, when it only reads them: its optimized plan
-    (`explained`) is one Parquet relation (no filter, projection or join), every file is on a local (or mounted) file
-    system, and their columns conform to the table as pyarrow reads them (Spark's hive partition columns
-    are not in the files, so a partitioned directory does not qualify). None otherwise."""
+    (`explained`) is one Parquet relation (no filter, projection or join), every file is on a local (or
+    mounted) file system, and their columns conform to the table as pyarrow reads them (Spark's hive
+    partition columns are not in the files, so a partitioned directory does not qualify). None otherwise."""
     if not PLAIN_SCAN.search(plan):
         return None
     urls = df.inputFiles()
@@ -303,18 +304,19 @@ def _scan_write(task: WriteTask, spark, files: list[str], small: bool) -> pa.Tab
         return spill_tagged(task, chunks(i), os.path.join(spill, f"scan-{i}-{new_write_token()}"))
 
     listing = run_indexed_tasks(spark, len(shares), tag_share, SCAN_LISTING)
-    groups: dict[tuple[str, str], tuple[list[str], int]] = {}
-    for row in listing.to_pylist():
-        paths, rows = groups.get((row["partition"], row["file_id"]), ([], 0))
-        groups[(row["partition"], row["file_id"])] = ([*paths, row["path"]], rows + row["rows"])
-    writes = dealt([(key, paths) for key, (paths, _) in groups.items()], [rows for _, rows in groups.values()],
-                   count)
+    paths: dict[tuple[str, str], list[str]] = {}
+    rows: Counter[tuple[str, str]] = Counter()
+    for row in listing.to_pylist():  # a row per file group and tagging task
+        key = (row["partition"], row["file_id"])
+        paths.setdefault(key, []).append(row["path"])
+        rows[key] += row["rows"]
+    writes = dealt(list(paths.items()), [rows[key] for key in paths], count)
     return run_indexed_tasks(spark, len(writes), lambda i: write_spilled(task, writes[i]).to_pylist())
 
 
 def row_group_shares(files: list[str], count: int) -> list[list[tuple[str, list[int]]]]:
     """The files' row groups in `count` (or fewer) runs of about equal rows, in file order: each run a list
-    of (file, its row groups). None for files without row groups."""
+    of (file, its row groups). No run for files without row groups."""
     pieces = [(path, i, metadata.row_group(i).num_rows)
               for path in files for metadata in [pq.read_metadata(path)] for i in range(metadata.num_row_groups)]
     if not pieces:
