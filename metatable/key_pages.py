@@ -15,6 +15,7 @@ only zero bytes are the top bytes of length prefixes. Any other case decodes the
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import os
 import zlib
@@ -27,7 +28,7 @@ import pyarrow.compute as pc
 
 from .errors import CorruptFileError, naming_damage
 from .table_config import KEY_COLUMN
-from .thrift_compact import leading_ints, leading_list_size, read_struct
+from .thrift_compact import leading_ints, leading_list_size, page_locations, read_struct
 
 R = TypeVar("R")
 
@@ -127,10 +128,9 @@ class KeyPages:
         found = np.zeros(len(wanted), dtype=bool)
         read = 0
         holding: set[int] = set()
-        descriptor = os.open(self.path, os.O_RDONLY)
-        try:
+        with open_parquet(self.path) as file:
             for page, indices in self._by_page(wanted, self.nul_free and all(searchable)):
-                raw = read_at(descriptor, self.sizes[page], self.offsets[page], self.path)
+                raw = file.read(self.sizes[page], self.offsets[page])
                 read += len(raw)
                 values, start = self._values(raw)
                 decoded: set[bytes] | None = None
@@ -145,8 +145,6 @@ class KeyPages:
                     if here:
                         found[i] = True
                         holding.add(page)
-        finally:
-            os.close(descriptor)
         return found, holding, read
 
     def _values(self, raw: bytes) -> tuple[bytes, int]:
@@ -229,24 +227,43 @@ def plain_values(data: bytes, position: int, count: int, path: str) -> list[byte
     return values
 
 
-def footer_bytes(descriptor: int, path: str) -> bytes:
-    """The thrift-encoded footer (FileMetaData) of the Parquet file open at `descriptor`."""
-    size = os.fstat(descriptor).st_size
-    tail = os.pread(descriptor, 8, max(size - 8, 0))
-    if size < 12 or tail[4:] != b"PAR1":
-        raise CorruptFileError(path, "not a Parquet file (no PAR1 footer)")
-    length = int.from_bytes(tail[:4], "little")
-    if length > size - 12:
-        raise CorruptFileError(path, f"footer length {length} exceeds the file ({size} bytes): truncated?")
-    return os.pread(descriptor, length, size - 8 - length)
+@dataclass(frozen=True)
+class OpenFile:
+    """A Parquet file open for reads at the offsets its footer and page index name. Its size is read once:
+    a `get` reads ~18,000 pages, and an `fstat` per read cost 5% of it."""
+
+    descriptor: int
+    size: int
+    path: str
+
+    def read(self, length: int, offset: int) -> bytes:
+        """`length` bytes at `offset`, both from the footer or page index: a damaged one can name a negative
+        or impossible range, which is a CorruptFileError, not EINVAL or a huge buffer."""
+        if length < 0 or offset < 0 or offset + length > self.size:
+            raise CorruptFileError(self.path, f"its footer points at bytes {offset}..{offset + length}, "
+                                              "outside the file")
+        return os.pread(self.descriptor, length, offset)
+
+    def footer(self) -> bytes:
+        """The thrift-encoded footer (FileMetaData)."""
+        tail = os.pread(self.descriptor, 8, max(self.size - 8, 0))
+        if self.size < 12 or tail[4:] != b"PAR1":
+            raise CorruptFileError(self.path, "not a Parquet file (no PAR1 footer)")
+        length = int.from_bytes(tail[:4], "little")
+        if length > self.size - 12:
+            raise CorruptFileError(self.path, f"footer length {length} exceeds the file ({self.size} bytes): "
+                                              "truncated?")
+        return os.pread(self.descriptor, length, self.size - 8 - length)
 
 
-def read_at(descriptor: int, length: int, offset: int, path: str) -> bytes:
-    """`length` bytes at `offset` of a Parquet file, where both come from its footer or page index: a damaged
-    one can name a negative or impossible range, which is a CorruptFileError, not EINVAL or a huge buffer."""
-    if length < 0 or offset < 0 or offset + length > os.fstat(descriptor).st_size:
-        raise CorruptFileError(path, f"its footer points at bytes {offset}..{offset + length}, outside the file")
-    return os.pread(descriptor, length, offset)
+@contextlib.contextmanager
+def open_parquet(path: str) -> Iterator[OpenFile]:
+    with naming_damage(path):
+        descriptor = os.open(path, os.O_RDONLY)
+    try:
+        yield OpenFile(descriptor, os.fstat(descriptor).st_size, path)
+    finally:
+        os.close(descriptor)
 
 
 def footer_fields(read: Callable[..., R]) -> Callable[..., R]:
@@ -284,8 +301,8 @@ def cached_per_file(maxsize: int) -> Callable[[Callable[[str], R]], Callable[[st
 @cached_per_file(maxsize=64)
 def parquet_footer(path: str) -> tuple[bytes, dict]:
     """A base file's footer, raw and decoded: `key_pages` and `row_pages.file_pages` both start from it."""
-    with naming_damage(path), open(path, "rb") as f:
-        raw = footer_bytes(f.fileno(), path)
+    with open_parquet(path) as file:
+        raw = file.footer()
     return raw, read_struct(raw, 0, path)[0]
 
 
@@ -317,9 +334,9 @@ def key_page_count(path: str) -> int | None:
     if found is None:
         return None
     count = 0
-    with open(path, "rb") as f:
+    with open_parquet(path) as file:
         for chunk in found[1]:
-            size = leading_list_size(read_at(f.fileno(), min(chunk[5], 16), chunk[4], path))
+            size = leading_list_size(file.read(min(chunk[5], 16), chunk[4]))
             if size is None:
                 raise CorruptFileError(path, "its offset index does not start with the page locations")
             count += size
@@ -346,16 +363,16 @@ def key_pages(path: str) -> KeyPages | None:
     leaf, chunks = found
     nul_free = any(kv.get(1) == KEYS_NUL_FREE and kv.get(2) == b"true" for kv in footer.get(5, []))
     mins, maxs, offsets, sizes = [], [], [], []
-    with open(path, "rb") as f:
+    with open_parquet(path) as file:
         for chunk in chunks:
-            column_index, _ = read_struct(read_at(f.fileno(), chunk[7], chunk[6], path), 0, path)
-            offset_index, _ = read_struct(read_at(f.fileno(), chunk[5], chunk[4], path), 0, path)
+            column_index, _ = read_struct(file.read(chunk[7], chunk[6]), 0, path)
+            page_offsets, page_sizes, _ = page_locations(file.read(chunk[5], chunk[4]), path)
             if column_index.get(4) != _ASCENDING and len(column_index.get(2, [])) > 1:
                 return None
             mins += column_index[2]
             maxs += column_index[3]
-            offsets += [location[1] for location in offset_index[1]]
-            sizes += [location[2] for location in offset_index[1]]
+            offsets += page_offsets.tolist()
+            sizes += page_sizes.tolist()
     if mins != sorted(mins) or maxs != sorted(maxs):
         return None  # several row groups, each sorted, but not the file as a whole
     codec = _CODECS[chunks[-1][3][4]] if chunks else None

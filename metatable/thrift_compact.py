@@ -13,6 +13,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import numpy as np
+
 from .errors import CorruptFileError
 
 _DOUBLE = struct.Struct("<d")
@@ -59,6 +61,72 @@ def leading_list_size(buffer: bytes) -> int | None:
         return _list_header(buffer, 1)[0] if buffer[0] == 0x10 | _LIST else None
     except IndexError:
         return None
+
+
+def page_locations(buffer: bytes, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An offset index's page locations (field 1 of the struct at the start of `buffer`) as three int64
+    arrays: each page's byte offset, stored size and first row. Writers encode every location alike, so
+    they decode all at once with numpy (`_uniform_locations`); any other encoding goes through
+    `read_struct`."""
+    uniform = _uniform_locations(buffer)
+    if uniform is not None:
+        return uniform
+    locations = read_struct(buffer, 0, what)[0].get(1, [])
+    return tuple(np.array([location[k] for location in locations], dtype=np.int64)  # type: ignore[return-value]
+                 for k in (1, 2, 3))
+
+
+# A PageLocation as writers encode it: a header byte for field 1 (i64), a varint, field 2 (i32), a varint,
+# field 3 (i64), a varint, the stop byte. Seven tokens, each ending at the first byte below 0x80.
+_LOCATION_TOKENS = 7
+_LOCATION_HEADERS = np.array([0x10 | _I64, 0x10 | _I32, 0x10 | _I64, 0], dtype=np.uint8)
+
+
+def _uniform_locations(buffer: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`page_locations` when every location is the seven tokens above and the struct ends well after them,
+    else None. Measured on the 56 base files of an SF 1 table (17 columns, 2,048-row pages): 148 -> 41 ms
+    for all 1,008 offset indexes."""
+    try:
+        if buffer[0] != 0x10 | _LIST:
+            return None
+        size, element, position = _list_header(buffer, 1)
+    except IndexError:
+        return None
+    if element != _STRUCT or not size:
+        return None
+    data = np.frombuffer(buffer, dtype=np.uint8, offset=position)
+    ends = np.flatnonzero(data < 0x80)[:_LOCATION_TOKENS * size]
+    if len(ends) < _LOCATION_TOKENS * size or not _ends_well(buffer, position + int(ends[-1]) + 1):
+        return None
+    starts = np.concatenate([[0], ends[:-1] + 1]).reshape(size, _LOCATION_TOKENS)
+    widths = ends.reshape(size, _LOCATION_TOKENS) - starts + 1
+    if (widths[:, 0::2] != 1).any() or (data[starts[:, 0::2]] != _LOCATION_HEADERS).any() \
+            or (widths[:, 1::2] > 10).any():
+        return None
+    width = int(widths[:, 1::2].max(initial=1))
+    shifts = np.arange(width)
+    at = starts[:, 1::2, None] + shifts  # every byte of every varint, padded to the widest
+    groups = (data[np.minimum(at, len(data) - 1)] & 0x7F).astype(np.uint64) << (7 * shifts).astype(np.uint64)
+    n = np.where(shifts < widths[:, 1::2, None], groups, 0).sum(axis=-1, dtype=np.uint64)
+    values = (n >> np.uint64(1)).astype(np.int64) ^ -(n & np.uint64(1)).astype(np.int64)
+    return values[:, 0].copy(), values[:, 1].copy(), values[:, 2].copy()
+
+
+def _ends_well(buffer: bytes, position: int) -> bool:
+    """Whether an offset index ends at `position` (the stop byte) or after the list of i64 that may follow
+    its locations (field 2, each BYTE_ARRAY page's unencoded size), as writers encode them; the generic
+    decoder checks any other ending."""
+    rest = buffer[position:]
+    if rest == b"\x00":
+        return True
+    try:
+        if rest[0] != 0x10 | _LIST:  # field 2 (the delta from field 1)
+            return False
+        size, element, start = _list_header(rest, 1)
+    except IndexError:
+        return False
+    ends = np.flatnonzero(np.frombuffer(rest, dtype=np.uint8, offset=start) < 0x80)
+    return element == _I64 and len(ends) == size + 1 and start + int(ends[-1]) == len(rest) - 1 and rest[-1] == 0
 
 
 def _varint(buffer: bytes, position: int) -> tuple[int, int]:

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metatable.errors import CorruptFileError
-from metatable.thrift_compact import leading_ints, leading_list_size, read_struct
+import metatable.thrift_compact as thrift_compact
+from metatable.thrift_compact import leading_ints, leading_list_size, page_locations, read_struct
 
 
 def _varint(n: int) -> bytes:
@@ -132,3 +133,60 @@ def test_leading_list_size_counts_an_offset_index_without_its_pages(pages):
     assert leading_list_size(encode_struct({2: 7})) is None  # not a list in field 1
     assert leading_list_size(encode_struct({1: 7})) is None
     assert leading_list_size(offset_index[:1]) is None  # cut inside the header
+
+
+def _location(offset: int, size: int, first_row: int, size_kind: int = 5) -> bytes:
+    """A PageLocation as writers encode it (`size_kind` 6 encodes the i32 as an i64: legal, not uniform)."""
+    return (bytes([0x16]) + _zigzag(offset) + bytes([0x10 | size_kind]) + _zigzag(size) + bytes([0x16])
+            + _zigzag(first_row) + b"\x00")
+
+
+def _offset_index(locations: list[tuple[int, int, int]], size_kind: int = 5, unencoded: list[int] | None = None) -> bytes:
+    count = len(locations)
+    header = bytes([0x19, (count << 4) | 12]) if count < 15 else bytes([0x19, 0xFC]) + _varint(count)
+    body = b"".join(_location(*location, size_kind) for location in locations)
+    trailer = b"" if unencoded is None else bytes([0x19]) + _encode_value(unencoded)  # field 2, list<i64>
+    return header + body + trailer + b"\x00"
+
+
+locations = st.lists(st.tuples(st.integers(-(2 ** 63), 2 ** 63 - 1), st.integers(-(2 ** 31), 2 ** 31 - 1),
+                               st.integers(-(2 ** 63), 2 ** 63 - 1)), max_size=40)
+
+
+@settings(max_examples=300)
+@given(locations, st.sampled_from([5, 6]), st.one_of(st.none(), st.lists(st.integers(0, 2 ** 40), min_size=1,
+                                                                            max_size=5)))
+def test_page_locations_are_the_decoded_offset_index(pages, size_kind, unencoded):
+    """Both ways of decoding (numpy over the uniform encoding, `read_struct` over any other) give what was
+    encoded, also with the optional list that follows the locations."""
+    data = _offset_index(pages, size_kind, unencoded)
+    decoded = page_locations(data, "x")
+    assert [column.tolist() for column in decoded] == [[page[k] for page in pages] for k in range(3)]
+    assert all(column.dtype == "int64" for column in decoded)
+
+
+def test_page_locations_of_pyarrow_files_decode_with_numpy(tmp_path, monkeypatch):
+    path = str(tmp_path / "f.parquet")
+    table = pa.table({"a": pa.array(range(50_000)), "b": pa.array([f"v{i}" for i in range(50_000)])})
+    pq.write_table(table, path, row_group_size=20_000, write_page_index=True, data_page_size=1024,
+                   use_dictionary=False, write_batch_size=128)
+    data = open(path, "rb").read()
+    length = int.from_bytes(data[-8:-4], "little")
+    footer, _ = read_struct(data, len(data) - 8 - length, path)
+    expected = [read_struct(data[chunk[4]:chunk[4] + chunk[5]], 0, path)[0][1]
+                for row_group in footer[4] for chunk in row_group[1]]
+    monkeypatch.setattr(thrift_compact, "read_struct", None)  # the generic decoder must not be needed
+    for row_group in footer[4]:
+        for chunk in row_group[1]:
+            offsets, sizes, first_rows = page_locations(data[chunk[4]:chunk[4] + chunk[5]], path)
+            pages = expected.pop(0)
+            assert len(pages) > 15  # a long list header
+            assert (offsets.tolist(), sizes.tolist(), first_rows.tolist()) == \
+                ([p[1] for p in pages], [p[2] for p in pages], [p[3] for p in pages])
+
+
+@given(locations.filter(bool), st.integers(1, 200))
+def test_a_cut_offset_index_is_a_corrupt_file(pages, cut):
+    data = _offset_index(pages)
+    with pytest.raises(CorruptFileError, match="some.parquet"):
+        page_locations(data[:max(len(data) - cut, 1)], "some.parquet")
