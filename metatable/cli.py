@@ -234,7 +234,7 @@ def cmd_create(args: argparse.Namespace) -> None:
 
 
 def _write(args: argparse.Namespace, operation: str) -> None:
-    table = Table.open(args.path)
+    table = Table.open(args.path, options=parse_options(args.option))
     data: Any = read_input(args.file, args.format, table.config.schema)
     if args.spark:
         from .spark_engine import spark_session
@@ -242,7 +242,8 @@ def _write(args: argparse.Namespace, operation: str) -> None:
         data = spark.read.parquet(args.file) if is_dataset(data) else spark.createDataFrame(
             data if isinstance(data, pa.Table) else data.read_all())
     result = getattr(table, operation)(data)
-    print(f"{operation} {result.instant}: {result.inserted} inserted, {result.updated} updated, "
+    upserted = f"{result.upserted} upserted, " if result.upserted else ""
+    print(f"{operation} {result.instant}: {result.inserted} inserted, {result.updated} updated, {upserted}"
           f"{result.deleted} deleted, {result.skipped} skipped, {result.files_written} files in {result.seconds:.2f}s")
 
 
@@ -512,6 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("file", help="a Parquet, CSV or JSON-lines file" + (" with the key columns" if operation == "delete" else ""))
         p.add_argument("--format", choices=["parquet", "csv", "json"], help="input format (default: from the extension)")
         p.add_argument("--spark", action="store_true", help="write through Spark (local) instead of in-process")
+        p.add_argument("--option", action="append", help="key=value option for this write (repeatable), e.g. "
+                                                         "write.count_updates=false")
         p.set_defaults(func=lambda a, op=operation: _write(a, op))
     p = sub.add_parser("read", parents=[verbose], help="print the table's snapshot")
     p.add_argument("path", help="the table's directory")

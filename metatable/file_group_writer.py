@@ -2,7 +2,8 @@
 
 Merge-on-read appends the rows as a log block to the file group's latest slice (or writes a first base
 for a new file group); copy-on-write merges them with the slice and rewrites the base. Counts say what
-happened to the rows: inserted, updated, deleted, or skipped (an insert of a key that exists).
+happened to the rows: inserted, updated, deleted, or skipped (an insert of a key that exists); or upserted,
+when an upsert does not tell inserts from updates (`write.count_updates` false).
 
 Consistent hashing: when a pending resize replaces the file group, the rows it took (deletes as delete
 markers) are also written, in the same task, as "dual" logs of the new file groups the pending ring maps
@@ -57,16 +58,15 @@ class FileGroupWriter:
             incoming = incoming.drop_columns([PRESENT_COLUMN])
         if config.merge_on_read:
             cow_current = None
-            # the index's lookup verified the keys against this slice: reading its keys again cost the Spark
-            # bloom upsert's write stage ~0.5 s at SF 1
-            is_present = known if known is not None else \
-                live_mask(self.storage, paths, config, self.slice, incoming[KEY_COLUMN])
+            is_present = known if known is not None else self._live_in_slice(incoming[KEY_COLUMN])
         else:
             cow_current = read_slice(self.storage, paths, config, self.slice)
             is_present = members(incoming[KEY_COLUMN], cow_current[KEY_COLUMN])
-        n_present = int(is_present.sum())
-        counts = {"inserted": 0, "updated": 0, "deleted": 0, "skipped": 0}
-        if op == "upsert":
+        counts = dict(NO_COUNTS)
+        n_present = 0 if is_present is None else int(is_present.sum())
+        if is_present is None:
+            counts.update(upserted=incoming.num_rows)
+        elif op == "upsert":
             counts.update(inserted=incoming.num_rows - n_present, updated=n_present)
         elif op in ("insert", "bulk_insert"):
             # a filter copies every row, even when it keeps them all: SF 1 in-process load, 9 runs each
@@ -91,6 +91,15 @@ class FileGroupWriter:
         base_instant = self.task.log_base_instants.get(key, self.slice.base_instant)
         version = 1 + max((lf.version for lf in self.slice.logs if lf.base_instant == base_instant), default=0)
         return [self._write_log(incoming, counts, self.file_id, base_instant, version), *duals]
+
+    def _live_in_slice(self, keys: pa.ChunkedArray) -> np.ndarray | None:
+        """Which keys the merge-on-read slice holds, read from its key column and logs; None for an upsert that
+        does not count updates (`write.count_updates`), which needs nothing else from them. Where the index
+        looked the keys up (bloom, record index), the caller has the answer already: reading the keys again
+        cost the Spark bloom upsert's write stage ~0.5 s at SF 1."""
+        if self.task.operation == "upsert" and self.slice is not None and not self.config.options["write.count_updates"]:
+            return None
+        return live_mask(self.storage, self.task.paths, self.config, self.slice, keys)
 
     def _move_out(self, rows: pa.Table, moved_out: pa.ChunkedArray) -> list[dict]:
         """An upsert's rows of this file group, and the keys that move from it to another partition: one new

@@ -69,6 +69,7 @@ class WriteResult:
     updated: int = 0
     deleted: int = 0
     skipped: int = 0  # inserts of keys that already existed
+    upserted: int = 0  # upserted rows not told apart into inserted and updated (`write.count_updates` false)
     files_written: int = 0
     seconds: float = 0.0
 
@@ -120,9 +121,9 @@ class WriteClient:
                                    {"operation": operation, **tally, **({"txn": asdict(txn)} if txn else {})}))
         result = WriteResult(instant.time, operation, files_written=len(files), seconds=time.monotonic() - started,
                              **tally)
-        log.info("%s %s: %d inserted, %d updated, %d deleted, %d skipped, %d files in %.2fs", operation,
-                 result.instant, result.inserted, result.updated, result.deleted, result.skipped,
-                 result.files_written, result.seconds)
+        log.info("%s %s: %d inserted, %d updated, %d upserted, %d deleted, %d skipped, %d files in %.2fs",
+                 operation, result.instant, result.inserted, result.updated, result.upserted, result.deleted,
+                 result.skipped, result.files_written, result.seconds)
         return result
 
     def bloom_plan(self, view: TimelineView, data: Any, operation: str, instant: str) -> BloomPlan:

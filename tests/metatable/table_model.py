@@ -13,6 +13,8 @@ from indexes.keys import column_stats_key
 from metatable.instant import Action
 from metatable.log_file import LogFile
 from metatable.table import Table
+from metatable.table_config import TableConfig
+from metatable.write_client import WriteResult
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.string()), ("ts", pa.int64())])
 
@@ -39,19 +41,35 @@ class TableModel:
                 best[k] = r
         return best
 
-    def apply(self, operation: str, rows: list[dict]) -> None:
+    def apply(self, operation: str, rows: list[dict]) -> dict[str, int]:
+        """Apply a write; what a write result counts: keys inserted, updated, deleted, and inserts skipped."""
+        counts = dict.fromkeys(["inserted", "updated", "deleted", "skipped"], 0)
         if operation == "delete":
-            for r in rows:
-                self.rows.pop(self.identity(r), None)
-            return
+            for k in {self.identity(r) for r in rows}:
+                counts["deleted"] += self.rows.pop(k, None) is not None
+            return counts
         for k, r in self._dedupe(rows).items():
+            present = k in self.rows
+            counts["skipped" if operation == "insert" and present else "updated" if present else "inserted"] += 1
             if operation == "insert":
                 self.rows.setdefault(k, r)
-            elif k not in self.rows or r["ts"] >= self.rows[k]["ts"]:
+            elif not present or r["ts"] >= self.rows[k]["ts"]:
                 self.rows[k] = r
+        return counts
 
     def expected(self) -> list[dict]:
         return sorted(self.rows.values(), key=lambda r: (r["p"], r["id"]))
+
+
+def check_counts(result: WriteResult, expected: dict[str, int], config: TableConfig, operation: str) -> None:
+    """A write result's counts against the model's (`TableModel.apply`)."""
+    got = {k: getattr(result, k) for k in expected}
+    if operation == "upsert" and config.merge_on_read and not config.options["write.count_updates"]:
+        # rows of file groups with a slice are not told apart; a new file group's are inserts
+        assert got["updated"] == 0 and got["inserted"] <= expected["inserted"]
+        assert got["inserted"] + result.upserted == expected["inserted"] + expected["updated"]
+    else:
+        assert (got, result.upserted) == (expected, 0)
 
 
 def sort_rows(rows: list[dict]) -> list[dict]:

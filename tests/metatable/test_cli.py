@@ -55,6 +55,8 @@ def test_table_session(capsys, files):
     assert "p=a" in out and "__all_partitions__" in out
     code, out, _ = run(capsys, "metadata", "get", t, "files", "p=b")
     assert ".parquet" in out
+    code, out, _ = run(capsys, "upsert", t, str(files / "up.json"), "--option", "write.count_updates=false")
+    assert "0 inserted, 0 updated, 2 upserted, 0 deleted" in out
 
 
 def test_cluster_commands(capsys, files):

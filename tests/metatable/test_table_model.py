@@ -9,28 +9,30 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import metatable as mt
+import metatable.file_group_writer
+from metatable.slice_reader import live_mask
 
-from .table_model import SCHEMA, TableModel, check_metadata, operation_strategy, sort_rows
+
+from .table_model import SCHEMA, TableModel, check_counts, check_metadata, operation_strategy, sort_rows
 
 
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
 @pytest.mark.parametrize("partitioned", [True, False])
 @settings(max_examples=25)
 @given(ops=st.lists(operation_strategy, min_size=1, max_size=6), compact_at=st.integers(0, 6),
-       buckets=st.integers(1, 3))
-def test_table_equals_model(table_type, partitioned, ops, compact_at, buckets):
+       buckets=st.integers(1, 3), count_updates=st.booleans())
+def test_table_equals_model(table_type, partitioned, ops, compact_at, buckets, count_updates):
     root = tempfile.mkdtemp(prefix="mt-model-")
     try:
         table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p" if partitioned else None, "ts", table_type=table_type,
                                 index=mt.IndexConfig(num_buckets=buckets),
-                                options={"clean.retain_commits": 2})
+                                options={"clean.retain_commits": 2, "write.count_updates": count_updates})
         model = TableModel(partitioned)
         for step, (operation, rows) in enumerate(ops):
             data = pa.Table.from_pylist(rows, schema=SCHEMA)
             if operation == "delete":
                 data = data.select(["id", "p"])
-            getattr(table, operation)(data)
-            model.apply(operation, rows)
+            check_counts(getattr(table, operation)(data), model.apply(operation, rows), table.config, operation)
             if step == compact_at:
                 table.compact()
             assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
@@ -39,3 +41,27 @@ def test_table_equals_model(table_type, partitioned, ops, compact_at, buckets):
         assert sort_rows(reopened.to_arrow().to_pylist()) == model.expected()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_an_upsert_that_does_not_count_updates_reads_no_keys(tmp_path, monkeypatch):
+    """`write.count_updates` false: a merge-on-read upsert into file groups that hold rows does not read their
+    keys; a new file group's rows are still inserts, and the rows are the same."""
+    table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=1),
+                            options={"write.count_updates": False})
+    rows = [{"id": i, "p": "a", "v": "old", "ts": 1} for i in range(3)]
+    first = table.upsert(pa.Table.from_pylist(rows, schema=SCHEMA))
+    assert (first.inserted, first.updated, first.upserted) == (3, 0, 0)
+
+    def no_reads(storage, paths, config, fs, keys, *args):
+        assert fs is None, "an upsert that does not count read the keys of a slice"
+        return live_mask(storage, paths, config, fs, keys, *args)
+    monkeypatch.setattr(metatable.file_group_writer, "live_mask", no_reads)
+    batch = [{"id": 2, "p": "a", "v": "new", "ts": 2}, {"id": 3, "p": "a", "v": "new", "ts": 2},
+             {"id": 4, "p": "b", "v": "new", "ts": 2}]
+    second = table.upsert(pa.Table.from_pylist(batch, schema=SCHEMA))
+    assert (second.inserted, second.updated, second.upserted) == (1, 0, 2)  # p=b is a new file group
+    assert sort_rows(table.to_arrow().to_pylist()) == sort_rows(rows[:2] + batch)
+    monkeypatch.undo()
+    counted = mt.Table.open(str(tmp_path / "t"), options={"write.count_updates": True}).upsert(
+        pa.Table.from_pylist(batch[:1] + [{"id": 5, "p": "a", "v": "new", "ts": 2}], schema=SCHEMA))
+    assert (counted.inserted, counted.updated, counted.upserted) == (1, 1, 0)

@@ -17,7 +17,7 @@ from metatable.paths import TablePaths
 from metatable.spark_engine import (dealt, estimated_bytes, explained, gathered, row_group_shares,
                                     scanned_parquet_files)
 
-from .table_model import SCHEMA, TableModel, check_metadata, operation_strategy, sort_rows
+from .table_model import SCHEMA, TableModel, check_counts, check_metadata, operation_strategy, sort_rows
 
 DDL = "id long, p string, v string, ts long"
 
@@ -31,8 +31,9 @@ def as_dicts(df):
 @settings(max_examples=4)
 @given(ops=st.lists(operation_strategy, min_size=1, max_size=4), partitioned=st.booleans(),
        spill_bytes=st.sampled_from([0, 1 << 30]), one_task_bytes=st.sampled_from([0, 1 << 20]),
-       from_files=st.booleans())
-def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_bytes, one_task_bytes, from_files):
+       from_files=st.booleans(), count_updates=st.booleans())
+def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_bytes, one_task_bytes, from_files,
+                                  count_updates):
     """Write tasks hold their rows by file group (a load sorts them in Spark); spill_bytes 0 spills them all.
     one_task_bytes 1 MiB writes these small inputs in one task, without a shuffle; with 0, an input of local
     data is shuffled, and a Parquet file read whole is read by the executors (`_scan_write`)."""
@@ -41,7 +42,8 @@ def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_byt
         table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p" if partitioned else None, "ts",
                                 table_type=table_type, index=mt.IndexConfig(num_buckets=2),
                                 options={"write.spill_bytes": spill_bytes,
-                                         "write.spark_one_task_bytes": one_task_bytes})
+                                         "write.spark_one_task_bytes": one_task_bytes,
+                                         "write.count_updates": count_updates})
         model = TableModel(partitioned)
         for i, (operation, rows) in enumerate(ops):
             data = pa.Table.from_pylist(rows, schema=SCHEMA)
@@ -51,8 +53,7 @@ def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_byt
                 df = spark.read.parquet(f"{root}/input-{i}.parquet")
             else:
                 df = spark.createDataFrame(data)  # local data: Spark knows its size
-            getattr(table, operation)(df)
-            model.apply(operation, rows)
+            check_counts(getattr(table, operation)(df), model.apply(operation, rows), table.config, operation)
         assert as_dicts(table.read()) == model.expected()
         assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
         check_metadata(table)
