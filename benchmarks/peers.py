@@ -258,8 +258,10 @@ TARGETS = [  # (system, step, measure, bound): speedup = delta seconds / system 
     ("spark-mor-bucket", "bulk_load", "speedup", 0.5),
     ("spark-mor-bloom", "upsert", "speedup", 1.0), ("spark-mor-bloom", "upsert_skewed", "speedup", 1.0),
     # the same upsert targets where upserts do not tell inserts from updates (`write.count_updates` false)
-    ("inproc-mor-bucket-uncounted", "upsert", "speedup", 3.0), ("inproc-mor-bucket-uncounted", "upsert_skewed", "speedup", 3.0),
-    ("spark-mor-bucket-uncounted", "upsert", "speedup", 2.0), ("spark-mor-bucket-uncounted", "upsert_skewed", "speedup", 2.0),
+    ("inproc-mor-bucket-uncounted", "upsert", "speedup", 3.0),
+    ("inproc-mor-bucket-uncounted", "upsert_skewed", "speedup", 3.0),
+    ("spark-mor-bucket-uncounted", "upsert", "speedup", 2.0),
+    ("spark-mor-bucket-uncounted", "upsert_skewed", "speedup", 2.0),
 ]
 
 

@@ -97,7 +97,8 @@ class FileGroupWriter:
         does not count updates (`write.count_updates`), which needs nothing else from them. Where the index
         looked the keys up (bloom, record index), the caller has the answer already: reading the keys again
         cost the Spark bloom upsert's write stage ~0.5 s at SF 1."""
-        if self.task.operation == "upsert" and self.slice is not None and not self.config.options["write.count_updates"]:
+        counting = self.config.options["write.count_updates"]
+        if self.task.operation == "upsert" and self.slice is not None and not counting:
             return None
         return live_mask(self.storage, self.task.paths, self.config, self.slice, keys)
 

@@ -149,8 +149,8 @@ def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> l
 
 
 def _decode(element: bytes, groups: list[tuple]) -> pa.Array:
-    """The pages decoded. `ParquetFile`, not `pq.read_table`: that imports `pyarrow.dataset` (and pandas),
-    0.15 s of a `get` in a fresh process."""
+    """The pages decoded. `ParquetFile`, not `pq.read_table`: that imports `pyarrow.dataset` (and pandas) on
+    first use, 0.15 s that a `get` in a fresh process would pay."""
     with pq.ParquetFile(pa.BufferReader(mini_parquet(element, groups)), page_checksum_verification=True) as file:
         return file.read().column(0).combine_chunks()
 

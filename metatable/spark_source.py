@@ -202,8 +202,9 @@ class StagedWriter(DataSourceArrowWriter):
             table = self._table(files)
             if files:
                 result = getattr(table, self.operation)(ds.dataset(files, format="arrow"))
-                log.info("metatable source: %s %s: %d inserted, %d updated, %d deleted", self.operation,
-                         result.instant, result.inserted, result.updated, result.deleted)
+                log.info("metatable source: %s %s: %d inserted, %d updated, %d upserted, %d deleted",
+                         self.operation, result.instant, result.inserted, result.updated, result.upserted,
+                         result.deleted)
         finally:
             shutil.rmtree(self.staging, ignore_errors=True)
 

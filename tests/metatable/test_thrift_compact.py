@@ -141,7 +141,8 @@ def _location(offset: int, size: int, first_row: int, size_kind: int = 5) -> byt
             + _zigzag(first_row) + b"\x00")
 
 
-def _offset_index(locations: list[tuple[int, int, int]], size_kind: int = 5, unencoded: list[int] | None = None) -> bytes:
+def _offset_index(locations: list[tuple[int, int, int]], size_kind: int = 5,
+                  unencoded: list[int] | None = None) -> bytes:
     count = len(locations)
     header = bytes([0x19, (count << 4) | 12]) if count < 15 else bytes([0x19, 0xFC]) + _varint(count)
     body = b"".join(_location(*location, size_kind) for location in locations)
