@@ -251,8 +251,10 @@ def scanned_parquet_files(df, plan: str, config: TableConfig, operation: str) ->
     """The local paths of the Parquet files a DataFrame reads, when it only reads them: its optimized plan
     (`explained`) is one Parquet relation (no filter, projection or join), every file is on a local (or
     mounted) file system, and their columns conform to the table as pyarrow reads them (Spark's hive
-    partition columns are not in the files, so a partitioned directory does not qualify). None otherwise."""
-    if not PLAIN_SCAN.search(plan):
+    partition columns are not in the files, so a partitioned directory does not qualify). None otherwise, and
+    for a cached DataFrame: its rows are what Spark cached, which the files may no longer hold. (The plan
+    cannot tell: a second `explained` of a cached DataFrame shows its files' relation, not the cache.)"""
+    if df.is_cached or not PLAIN_SCAN.search(plan):
         return None
     urls = df.inputFiles()
     if not urls or not all(url.startswith("file:") for url in urls):

@@ -110,6 +110,9 @@ def test_scanned_parquet_files(spark, tmp_path):
     assert scanned(df.where("id > 0")) is None
     assert scanned(df.select("id", "p"), "delete") is None  # a projection
     assert scanned(spark.createDataFrame(pa.table({"id": [1]}))) is None
+    cached = spark.read.parquet(path).cache()
+    assert scanned(cached) is None and scanned(cached) is None  # Spark's cached rows, not the file's
+    cached.unpersist()
     os.makedirs(tmp_path / "hive" / "p=a")
     pq.write_table(pa.table({"id": [1], "v": ["x"], "ts": [1]}), str(tmp_path / "hive" / "p=a" / "0.parquet"))
     assert scanned(spark.read.parquet(str(tmp_path / "hive"))) is None
