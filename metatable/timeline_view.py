@@ -47,7 +47,11 @@ class TimelineView:
         self.timeline = timeline
         self.metadata = metadata
         self.instants = timeline.instants()
-        self.completed = [i for i in self.instants if i.is_completed and i.action in DATA_ACTIONS]
+        # the metadata snapshot was fixed first: an instant that completed after it is not seen (a resize
+        # would otherwise hide its parents while the snapshot lacks its children's files)
+        valid = None if metadata.standalone else metadata.snapshot.valid_instants
+        self.completed = [i for i in self.instants if i.is_completed and i.action in DATA_ACTIONS
+                          and (valid is None or i.time in valid)]
         self.completed_times = frozenset(i.time for i in self.completed)
         if as_of is not None and as_of not in self.completed_times:
             raise InvalidInputError(f"cannot read as of {as_of}: not a completed instant of {timeline.root}")

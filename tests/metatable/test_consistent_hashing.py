@@ -23,6 +23,7 @@ from indexes.consistent_hashing import initial_ring
 from indexes.keys import hashing_meta_key
 from metatable.errors import ConflictError, InvalidInputError
 from metatable.instant import Action
+from metatable.metadata_table import MetadataTable
 from metatable.schemas import schema
 
 from .table_model import SCHEMA, TableModel, check_metadata, rows_strategy, sort_rows
@@ -404,3 +405,28 @@ def test_writers_and_readers_in_other_processes_during_resizes(tmp_path, table_t
     assert sum(r.seq_no for r in rings(table).values()) >= 2
     check_placement(table, True)
     check_metadata(table)
+
+
+def test_a_resize_completing_while_a_reader_opens_its_view_is_not_half_seen(tmp_path, monkeypatch):
+    """A view fixes the metadata table's snapshot, then lists the timeline: a resize completing in between
+    must not count as completed (it would hide the parent file groups while the snapshot does not yet hold
+    the children's files, and the read would lose rows). Found as a flaky multi-process read."""
+    table = create(str(tmp_path / "t"))
+    for n in range(3):
+        table.upsert(batch(range(n * 100, n * 100 + 100), "a", f"v{n}"))
+    before = sort_rows(table.to_arrow().to_pylist())
+    reader = mt.Table.open(table.path)
+    refresh = MetadataTable.refresh
+    armed = [True]
+
+    def refresh_then_resize(metadata: MetadataTable) -> None:
+        refresh(metadata)
+        if armed[0] and metadata is reader.metadata:
+            armed[0] = False
+            assert with_options(table, GROW).cluster() is not None
+
+    monkeypatch.setattr(MetadataTable, "refresh", refresh_then_resize)
+    assert sort_rows(reader.to_arrow().to_pylist()) == before
+    assert not armed[0], "the resize ran inside the reader's view"
+    monkeypatch.undo()
+    assert sort_rows(mt.Table.open(table.path).to_arrow().to_pylist()) == before
