@@ -16,6 +16,7 @@ import pyarrow as pa
 
 @dataclass(frozen=True)
 class Assignment:
+    # string arrays, plain or dictionary-encoded (the bucket indexes index a few ids rather than repeat them)
     partitions: pa.Array  # where each row is written (the row's own partition path, unless the index keeps it)
     file_ids: pa.Array  # its file group there; null: nowhere (a delete of an absent key)
     # a global index's key that arrives with another partition value: where it lived (deleted there); null
@@ -28,4 +29,4 @@ class Assignment:
 
 class Assigner(Protocol):
     def assign(self, keys: pa.Array, partitions: pa.Array) -> Assignment:
-        """`keys`: record key strings; `partitions`: the rows' partition paths."""
+        """`keys`: record key strings; `partitions`: the rows' partition paths, maybe dictionary-encoded."""

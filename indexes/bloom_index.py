@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from metatable.errors import InvalidInputError
 
-from .arrow_keys import hash32_array
+from .arrow_keys import decoded, hash32_array
 from .assigner import Assignment
 
 # (keys, partition of each key or None for all partitions) -> (partition, file id) of each, null if absent
@@ -60,6 +60,7 @@ class BloomAssigner:
         partition, deleted from its file group); a new key goes to an insert slot of its partition, or
         nowhere when the plan has no slots (a delete of an absent key). Arrow and numpy over the rows, no
         Python object per row: with object arrays, an SF 1 load spent 8 s here placing 6M new keys."""
+        partitions = decoded(partitions)
         if self._nothing_to_find(partitions):
             found_partitions = found_files = pa.nulls(len(keys), pa.string())
         else:

@@ -72,14 +72,18 @@ class BucketAssigner:
     layout: BucketLayout
 
     def file_ids(self, keys: pa.Array, partitions: pa.Array) -> pa.Array:
-        """Each key's bucket file group in its partition: one take from every partition's bucket ids."""
+        """Each key's bucket file group in its partition (plain strings)."""
+        return self.encoded_file_ids(keys, partitions).dictionary_decode()
+
+    def encoded_file_ids(self, keys: pa.Array, partitions: pa.Array) -> pa.DictionaryArray:
+        """Each key's bucket file group in its partition, indexing every partition's bucket ids."""
         n = self.layout.num_buckets
         buckets = np.asarray(bucket_ids(keys, n), dtype=np.int64)
         encoded = pc.dictionary_encode(pa.chunked_array([partitions]) if isinstance(partitions, pa.Array)
                                        else partitions).combine_chunks()
         ids = pa.array([fid for p in encoded.dictionary.to_pylist() for fid in self.layout.ids(p)], pa.string())
         codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        return ids.take(pa.array(codes * n + buckets))
+        return pa.DictionaryArray.from_arrays(pa.array((codes * n + buckets).astype(np.int32)), ids)
 
     def assign(self, keys: pa.Array, partitions: pa.Array) -> Assignment:
-        return Assignment(partitions, self.file_ids(keys, partitions))
+        return Assignment(partitions, self.encoded_file_ids(keys, partitions))

@@ -292,6 +292,10 @@ class ConsistentHashingAssigner:
     plan: RingPlan
 
     def file_ids(self, keys: pa.Array, partitions: pa.Array) -> pa.Array:
+        """Each key's node in its partition's ring (plain strings)."""
+        return self.encoded_file_ids(keys, partitions).dictionary_decode()
+
+    def encoded_file_ids(self, keys: pa.Array, partitions: pa.Array) -> pa.DictionaryArray:
         """Each key's node in its partition's ring: one searchsorted over every partition's node values, each
         partition's shifted into its own span of (partition code * 2^31 + value), wrapping within its ring."""
         hashes = hash32_array(keys)
@@ -306,7 +310,7 @@ class ConsistentHashingAssigner:
         wrapped = slot >= ends[codes]  # past the partition's last node: its first
         slot[wrapped] = starts[codes[wrapped]]
         ids = pa.array([fid for ring in rings for fid in ring.file_ids], pa.string())
-        return ids.take(pa.array(slot))
+        return pa.DictionaryArray.from_arrays(pa.array(slot.astype(np.int32)), ids)
 
     def assign(self, keys: pa.Array, partitions: pa.Array) -> Assignment:
-        return Assignment(partitions, self.file_ids(keys, partitions))
+        return Assignment(partitions, self.encoded_file_ids(keys, partitions))

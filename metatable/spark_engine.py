@@ -30,6 +30,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow.fs import LocalFileSystem
 
+from indexes.arrow_keys import decoded
+
 from .base_file import new_write_token
 from .errors import InvalidInputError, MetatableError
 from .file_slice import FileSlice
@@ -151,7 +153,8 @@ def _tag_udf(task: WriteTask):
 
     def tag_struct(table: pa.Table) -> pa.Array:
         keys, a = tagger(table)
-        return pa.StructArray.from_arrays([keys, a.partitions, a.file_ids, *([a.present] if present else [])],
+        return pa.StructArray.from_arrays([keys, decoded(a.partitions), decoded(a.file_ids),
+                                           *([a.present] if present else [])],
                                           names=fields)
 
     def tag_list(table: pa.Table) -> pa.Array:
@@ -160,8 +163,8 @@ def _tag_udf(task: WriteTask):
         old_partitions, old_files = a.moved_from or (pa.nulls(n, pa.string()), pa.nulls(n, pa.string()))
         moved = pc.is_valid(old_files).to_numpy(zero_copy_only=False)
         both = pa.StructArray.from_arrays(
-            [pa.concat_arrays([keys, keys]), pa.concat_arrays([a.partitions, old_partitions]),
-             pa.concat_arrays([a.file_ids, old_files]), pa.concat_arrays([a.present, a.present]),
+            [pa.concat_arrays([keys, keys]), pa.concat_arrays([decoded(a.partitions), old_partitions]),
+             pa.concat_arrays([decoded(a.file_ids), old_files]), pa.concat_arrays([a.present, a.present]),
              pa.array(np.r_[np.zeros(n, bool), np.ones(n, bool)])],
             names=[*fields, MOVED_OUT_COLUMN])
         offsets = np.r_[0, np.cumsum(1 + moved)].astype(np.int32)  # row i: its tag, then its move-out if any

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from indexes.arrow_keys import partition_paths, record_keys
+from indexes.arrow_keys import encoded_partition_paths, record_keys
 from indexes.assigner import Assigner, Assignment
 from indexes.bloom_index import BloomAssigner, BloomPlan
 from indexes.bucket import BucketAssigner
@@ -66,7 +66,7 @@ class Tagger:
     def __call__(self, table: pa.Table) -> tuple[pa.Array, Assignment]:
         config = self.task.config
         keys = record_keys(table, config.record_key).combine_chunks()
-        partitions = partition_paths(table, config.partition_by).combine_chunks()
+        partitions = encoded_partition_paths(table, config.partition_by)
         if self._assigner is None:
             self._assigner = make_assigner(self.task)
         return keys, self._assigner.assign(keys, partitions)

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from indexes import keys
-from indexes.arrow_keys import bucket_ids, hash32_array, pair_groups, partition_paths, record_keys
+from indexes.arrow_keys import (bucket_ids, encoded_partition_paths, hash32_array, pair_groups, partition_paths,
+                                record_keys)
 from metatable.errors import InvalidInputError
 
 texts = st.text(min_size=1, max_size=12)
@@ -34,6 +35,25 @@ def test_partition_paths():
     assert partition_paths(t, ["y", "s"]).to_pylist() == ["y=1995/s=a%2Fb", "y=__null__/s=c%3Dd"]
     assert partition_paths(t, ["d"]).to_pylist() == ["d=2020-01-02"] * 2
     assert partition_paths(t, []).to_pylist() == [".", "."]
+
+
+@given(st.lists(st.tuples(st.none() | st.integers(0, 3), st.none() | st.sampled_from(["a", "b/c", "="])),
+                max_size=30))
+def test_encoded_partition_paths_name_each_distinct_path_once(rows):
+    """Each row's path is Hive-style (escaped, `__null__` for a null), and the dictionary holds each path once."""
+    def path(fields, row):
+        values = dict(zip("ys", row))
+        text = [f"{f}=" + ("__null__" if values[f] is None else str(values[f]).replace("/", "%2F").replace("=", "%3D"))
+                for f in fields]
+        return "/".join(text) or "."
+
+    table = pa.table({"y": pa.array([r[0] for r in rows], pa.int64()), "s": pa.array([r[1] for r in rows], pa.string())})
+    for fields in (["y"], ["s", "y"], []):
+        encoded = encoded_partition_paths(table, fields)
+        expected = [path(fields, r) for r in rows]
+        assert encoded.to_pylist() == partition_paths(table, fields).to_pylist() == expected
+        used = encoded.dictionary.take(encoded.indices.unique()).to_pylist() if rows else []
+        assert sorted(used) == sorted(set(expected))
 
 
 def test_pair_groups_fixed_vector():
