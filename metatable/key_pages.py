@@ -61,12 +61,21 @@ def write_options(column_names: Sequence[str], compression: str, key_compression
 
 
 def nul_free_metadata(keys: pa.ChunkedArray | pa.Array) -> dict[bytes, bytes]:
-    """The footer entry that allows the fast in-page search (see the module docstring)."""
-    if len(keys) == 0:
-        return {KEYS_NUL_FREE: b"true"}
-    longest = pc.max(pc.binary_length(keys)).as_py()
-    has_nul = pc.any(pc.match_substring(keys, "\x00")).as_py()
-    return {KEYS_NUL_FREE: b"true" if longest < 1 << 24 and not has_nul else b"false"}
+    """The footer entry that allows the fast in-page search (see the module docstring). Read off the
+    arrays' offsets and bytes with numpy: Arrow's kernels took 4 ms of an SF 1 file group's 115k keys."""
+    chunks = keys.chunks if isinstance(keys, pa.ChunkedArray) else [keys]
+    nul_free = True
+    for chunk in chunks:
+        if len(chunk) == 0:
+            continue
+        offsets_type = np.int64 if pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type) \
+            else np.int32
+        _, offsets_buffer, data_buffer = chunk.buffers()
+        offsets = np.frombuffer(offsets_buffer, offsets_type, len(chunk) + 1, chunk.offset * np.dtype(offsets_type).itemsize)
+        data = np.frombuffer(data_buffer, np.uint8, int(offsets[-1] - offsets[0]), int(offsets[0])) \
+            if data_buffer is not None else np.zeros(0, np.uint8)
+        nul_free &= int(np.diff(offsets).max()) < 1 << 24 and not (data == 0).any()
+    return {KEYS_NUL_FREE: b"true" if nul_free else b"false"}
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,20 @@ def test_the_fast_search_is_only_used_on_nul_free_files(tmp_path):
     assert key_pages(tricky).contains(["abc", hidden])[0].tolist() == [False, True]
 
 
+def test_nul_free_reads_only_the_keys_in_view():
+    def verdict(keys) -> bytes:
+        return nul_free_metadata(keys)[KEYS_NUL_FREE]
+
+    assert verdict(pa.array(["a\x00", "b", "c"]).slice(1)) == b"true"  # the NUL is outside the slice
+    assert verdict(pa.array(["a", "b", "c\x00"]).slice(0, 2)) == b"true"
+    assert verdict(pa.array(["a", "b\x00", "c"]).slice(1, 1)) == b"false"
+    assert verdict(pa.chunked_array([["a", "b"], ["c\x00d"]])) == b"false"
+    assert verdict(pa.chunked_array([["a"], []], pa.string())) == b"true"
+    assert verdict(pa.array(["x", "y"], pa.large_string())) == b"true"
+    assert verdict(pa.array(["x", "y" * (1 << 24)])) == b"false"  # too long for a 3-byte length prefix
+    assert verdict(pa.array([], pa.string())) == b"true"
+
+
 def test_reads_one_page_per_key(tmp_path):
     keys = [f"key-{i:06d}" for i in range(20_000)]
     path = write_keys(tmp_path, keys, page_rows=100)
