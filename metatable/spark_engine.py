@@ -50,6 +50,7 @@ from .written import STATS_SCHEMA
 log = logging.getLogger(__name__)
 
 JVM_OPTIONS = "-XX:G1PeriodicGCInterval=2000 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
+WORKER_MEMORY_POOL = "jemalloc"  # ARROW_DEFAULT_MEMORY_POOL of the Python workers (see spark_session)
 
 
 def spark_session(master: str = "local[2]", app_name: str = "metatable", shuffle_partitions: int = 4,
@@ -71,7 +72,11 @@ def spark_session(master: str = "local[2]", app_name: str = "metatable", shuffle
                # the JVM kept 2.5 GB resident; with these it went down to 0.7 GB within seconds.
                # benchmarks/peers.py, SF 1 MoR bucket, peak RSS of all processes: load 3.47 -> 2.86 GB,
                # upsert 3.49 -> 2.89 GB (it starts right after the load), times within run-to-run noise
-               .config("spark.driver.extraJavaOptions", JVM_OPTIONS))
+               .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
+               # Arrow's jemalloc pool in the Python workers: mimalloc's (the default) first growth of a
+               # worker's heap faults in huge pages, and the session's first big write paid for it. SF 1
+               # load after a small warm-up write: 6.7-6.9 -> 5.5 s; later loads the same either way.
+               .config("spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL", WORKER_MEMORY_POOL))
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
