@@ -42,6 +42,7 @@ def x64_128(keys: Iterable[str] | pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 def _hashed(keys: pa.Array, vectorized: Callable[[pa.Array], np.ndarray], scalar: Callable[[str], np.ndarray],
             dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+    """Every key's hash, `CHUNK` keys at a time: the short ones together, the long ones one by one."""
     out = np.empty((len(keys), *shape), dtype=dtype)
     for start in range(0, len(keys), CHUNK):
         part = keys.slice(start, CHUNK)
