@@ -168,9 +168,8 @@ def write_stream(task: WriteTask, chunks: Iterable[pa.Table], spill_dir: str | N
 
 def hold(chunks: Iterable[pa.Table], spill: GroupSpill, budget: int, background: bool = True) -> HeldGroups:
     """Tagged chunks held by file group; once they pass `budget` bytes, they and every later chunk go to
-    `spill`, chunk by chunk: in a background thread while the next chunk is read and tagged (tagging holds
-    the GIL in mmh3 calls; a spill's take releases it), or, without `background`, in turn. Returns what
-    stayed held."""
+    `spill`, chunk by chunk: in a background thread while the next chunk is read and tagged (a spill's take
+    and write release the GIL), or, without `background`, in turn. Returns what stayed held."""
     held = HeldGroups()
     with ThreadPoolExecutor(1, thread_name_prefix="metatable-spill") as spiller:
         spilling: Future | None = None
