@@ -63,8 +63,8 @@ def encoded_partition_paths(table: pa.Table, fields: Sequence[str]) -> pa.Dictio
     if not fields:
         return pa.DictionaryArray.from_arrays(pa.array(np.zeros(table.num_rows, np.int32)),
                                              pa.array([NON_PARTITIONED]))
-    codes = np.zeros(table.num_rows, np.int64)
-    texts, sizes = [], []
+    codes = np.zeros(table.num_rows, np.int64)  # each row's distinct combination of the fields so far
+    texts, positions = [], []  # positions[f][c]: the index of field f's value in combination c
     for name in fields:
         if name not in table.column_names:
             raise InvalidInputError(f"partition column {name!r} is missing from the data "
@@ -72,17 +72,18 @@ def encoded_partition_paths(table: pa.Table, fields: Sequence[str]) -> pa.Dictio
         # the text of each distinct value (null is one), not of each row: 0.1 s for 6M rows against 0.7 s
         encoded = pc.dictionary_encode(table[name], null_encoding="encode").combine_chunks()
         texts.append(pc.fill_null(_escape(_as_text(encoded.dictionary)), NULL_PARTITION))
-        sizes.append(len(encoded.dictionary))
-        codes = codes * sizes[-1] + encoded.indices.to_numpy(zero_copy_only=False)
-    if len(fields) == 1:
-        distinct, indices = np.arange(sizes[0]), codes
-    else:
-        distinct, indices = np.unique(codes, return_inverse=True)
+        values = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        size = len(encoded.dictionary)
+        if not positions:
+            codes, positions = values, [np.arange(size)]
+            continue
+        # renumbered after each field, so the codes stay below the row count and the product cannot overflow
+        distinct, codes = np.unique(codes * size + values, return_inverse=True)
+        positions = [p[distinct // size] for p in positions] + [distinct % size]
     parts = []
-    for i, (name, text) in enumerate(zip(fields, texts)):
-        position = distinct // int(np.prod(sizes[i + 1:], dtype=np.int64)) % sizes[i]
+    for i, (name, text, position) in enumerate(zip(fields, texts, positions)):
         parts += [pa.scalar(("/" if i else "") + f"{name}="), text.take(pa.array(position))]
-    return pa.DictionaryArray.from_arrays(pa.array(indices.astype(np.int32)), pc.binary_join_element_wise(*parts, ""))
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pc.binary_join_element_wise(*parts, ""))
 
 
 def partition_paths(table: pa.Table, fields: Sequence[str]) -> pa.ChunkedArray:

@@ -72,3 +72,14 @@ def test_pair_groups_equal_a_dict_of_pairs(pairs):
         model.setdefault(pair, []).append(i)
     groups = pair_groups(pa.array([p[0] for p in pairs], pa.string()), pa.array([p[1] for p in pairs], pa.string()))
     assert sorted(g.tolist() for g in groups) == sorted(model.values())
+
+
+def test_encoded_partition_paths_of_many_distinct_fields_do_not_overflow():
+    """Five fields of 60,000 distinct values each: their combinations number 7.8e23, past int64, and each
+    row's path is still its own."""
+    n = 60_000
+    fields = [f"f{i}" for i in range(5)]
+    table = pa.table({f: pa.array([(row * (2 * i + 1)) % n for row in range(n)], pa.int64())
+                      for i, f in enumerate(fields)})
+    expected = ["/".join(f"{f}={(row * (2 * i + 1)) % n}" for i, f in enumerate(fields)) for row in range(n)]
+    assert encoded_partition_paths(table, fields).to_pylist() == expected
