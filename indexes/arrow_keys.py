@@ -63,7 +63,7 @@ def encoded_partition_paths(table: pa.Table, fields: Sequence[str]) -> pa.Dictio
     if not fields:
         return pa.DictionaryArray.from_arrays(pa.array(np.zeros(table.num_rows, np.int32)),
                                              pa.array([NON_PARTITIONED]))
-    codes = np.zeros(table.num_rows, np.int64)  # each row's distinct combination of the fields so far
+    codes = np.empty(0, np.int64)  # each row's distinct combination of the fields so far (set by the first)
     texts, positions = [], []  # positions[f][c]: the index of field f's value in combination c
     for name in fields:
         if name not in table.column_names:
@@ -97,8 +97,8 @@ def decoded(strings: pa.Array) -> pa.Array:
 
 
 def hash32_array(keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """hash32 of every key, as int64 (`murmur3.x86_32` over the Arrow buffers: 44 against 114 ns a key
-    with a call of mmh3 per key, 65,536 lineitem record keys, best of 200)."""
+    """hash32 of every key, as int64 (`murmur3.x86_32` over the Arrow buffers: 2M lineitem record keys in
+    0.095-0.129 s against 0.296-0.403 s with a call of mmh3 per key)."""
     return murmur3.x86_32(keys).astype(np.int64) & 0x7FFFFFFF
 
 

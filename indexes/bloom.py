@@ -30,8 +30,8 @@ _MAGIC = b"MTBF"
 
 def key_hashes(keys: Iterable[str] | pa.Array | pa.ChunkedArray) -> np.ndarray:
     """(n, 2) uint64: both halves of murmur3 x64-128 (seed 0) of every key's UTF-8 bytes, as mmh3.hash64
-    gives them (`murmur3.x64_128`: numpy over the Arrow string buffers, ~6x faster than one mmh3 call per
-    key on record keys of lineitem)."""
+    gives them (`murmur3.x64_128`: numpy over the Arrow string buffers; 2M lineitem record keys in 0.27 s
+    against 1.12 s with one mmh3 call per key)."""
     return murmur3.x64_128(keys)
 
 

@@ -162,7 +162,7 @@ def _x64_128(keys: pa.Array) -> np.ndarray:
     h2 = np.zeros(n, dtype=np.uint64)
     with np.errstate(over="ignore"):
         everyone = int(blocks.min())
-        pairs = words.each(2 * int(blocks.max()))
+        pairs = words.each(2 * int(blocks.max()))  # a block is two consecutive words: zip takes them in twos
         for b, (first, second) in enumerate(zip(pairs, pairs)):
             k1 = _rotl64(first * _C1_64, 31) * _C2_64
             n1 = _rotl64(h1 ^ k1, 27)

@@ -68,10 +68,10 @@ def nul_free_metadata(keys: pa.ChunkedArray | pa.Array) -> dict[bytes, bytes]:
     for chunk in chunks:
         if len(chunk) == 0:
             continue
-        offsets_type = np.int64 if pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type) \
-            else np.int32
+        large = pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type)
+        offsets_type = np.dtype(np.int64 if large else np.int32)
         _, offsets_buffer, data_buffer = chunk.buffers()
-        offsets = np.frombuffer(offsets_buffer, offsets_type, len(chunk) + 1, chunk.offset * np.dtype(offsets_type).itemsize)
+        offsets = np.frombuffer(offsets_buffer, offsets_type, len(chunk) + 1, chunk.offset * offsets_type.itemsize)
         data = np.frombuffer(data_buffer, np.uint8, int(offsets[-1] - offsets[0]), int(offsets[0])) \
             if data_buffer is not None else np.zeros(0, np.uint8)
         nul_free &= int(np.diff(offsets).max()) < 1 << 24 and not (data == 0).any()

@@ -47,7 +47,8 @@ def test_encoded_partition_paths_name_each_distinct_path_once(rows):
                 for f in fields]
         return "/".join(text) or "."
 
-    table = pa.table({"y": pa.array([r[0] for r in rows], pa.int64()), "s": pa.array([r[1] for r in rows], pa.string())})
+    table = pa.table({"y": pa.array([r[0] for r in rows], pa.int64()),
+                      "s": pa.array([r[1] for r in rows], pa.string())})
     for fields in (["y"], ["s", "y"], []):
         encoded = encoded_partition_paths(table, fields)
         expected = [path(fields, r) for r in rows]
