@@ -32,6 +32,7 @@ from pyarrow.fs import LocalFileSystem
 
 from indexes.arrow_keys import decoded
 
+from .arrow_memory import WRITE_POOL
 from .base_file import new_write_token
 from .errors import InvalidInputError, MetatableError
 from .file_slice import FileSlice
@@ -50,7 +51,6 @@ from .written import STATS_SCHEMA
 log = logging.getLogger(__name__)
 
 JVM_OPTIONS = "-XX:G1PeriodicGCInterval=2000 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
-WORKER_MEMORY_POOL = "jemalloc"  # ARROW_DEFAULT_MEMORY_POOL of the Python workers (see spark_session)
 
 
 def spark_session(master: str = "local[2]", app_name: str = "metatable", shuffle_partitions: int = 4,
@@ -76,7 +76,7 @@ def spark_session(master: str = "local[2]", app_name: str = "metatable", shuffle
                # Arrow's jemalloc pool in the Python workers: mimalloc's (the default) first growth of a
                # worker's heap faults in huge pages, and the session's first big write paid for it. SF 1
                # load after a small warm-up write: 6.7-6.9 -> 5.5 s; later loads the same either way.
-               .config("spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL", WORKER_MEMORY_POOL))
+               .config("spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL", WRITE_POOL))
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

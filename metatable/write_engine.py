@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 from collections import deque
-from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Callable, Iterable, Iterator
@@ -20,6 +19,7 @@ import pyarrow.compute as pc
 from indexes.arrow_keys import pair_codes, pair_groups
 from indexes.assigner import Assignment
 
+from .arrow_memory import write_memory
 from .base_file import new_write_token
 from .config import THREADS
 from .file_group_writer import write_file_group
@@ -137,23 +137,12 @@ def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: s
     that are tagged one at a time and held by file group in memory up to `write.spill_bytes`; past that,
     they go to `spill_dir`, one file per file group, so that memory holds the budget, two chunks and the
     file groups being written, not the input. Returns the files' statistics."""
-    with memory_returned():
+    with write_memory():
         if isinstance(data, pa.Table):
             rows = next(tag_chunks(task, [data]))
             groups = list(file_group_rows(rows))
             return write_groups(task, (partial(rows.take, group) for group in groups), len(groups))
         return write_stream(task, tag_chunks(task, data), spill_dir)
-
-
-@contextmanager
-def memory_returned() -> Iterator[None]:
-    """Return the memory pool's freed pages at the end: mimalloc keeps them for reuse, and after an SF 1 load
-    from a Parquet path the process stayed at 2.0 GB RSS (0 bytes allocated) until this returned them, 0.2 GB
-    after. A Spark worker that kept them would hold them into the next write."""
-    try:
-        yield
-    finally:
-        pa.default_memory_pool().release_unused()
 
 
 def write_stream(task: WriteTask, chunks: Iterable[pa.Table], spill_dir: str | None) -> pa.Table:
@@ -192,7 +181,7 @@ def spill_tagged(task: WriteTask, chunks: Iterable[pa.Table], directory: str) ->
     group to Arrow files in `directory`, which stay for the write tasks (`write_spilled`). Returns a row per
     file group: its partition, file id, file and row count."""
     spill = GroupSpill(directory, task.config.options["write.spill_compression"])
-    with memory_returned():
+    with write_memory():
         try:
             # one task per core keeps the cores busy: with a background spill (two chunks held) the SF 1 tag
             # stage took 3.27-3.39 s against 3.09-3.30 s in turn, and each worker peaked at 1.33 GB, not 1.21
@@ -206,7 +195,7 @@ def write_spilled(task: WriteTask, groups: list[tuple[tuple[str, str], list[str]
     """Write each (partition, file id) group from the spill files that the tagging tasks wrote for it, one
     group at a time: the write tasks, one per core, keep the cores busy (SF 1, 2 cores: 2.51-2.58 s
     against 2.63-2.76 s with a thread per core in each task, and a lower peak)."""
-    with memory_returned():
+    with write_memory():
         return write_groups(task, (partial(read_spilled, paths, key) for key, paths in groups), len(groups), 1)
 
 
