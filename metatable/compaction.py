@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from .base_file import PARQUET
 from .base_file_writer import write_base_file
+from .config import THREADS
 from .conflicts import Committer
 from .context import TableContext
 from .data_commit import Commit, commit
@@ -66,8 +68,10 @@ def service(context: TableContext) -> Service[None]:
     def execute(instant: Instant, plan: Content) -> None:
         started = time.monotonic()
         seen = frozenset(i.time for i in context.timeline.completed())
-        rows = [compact_file_group(context, instant.time, group, names)
-                for group, names in progress(plan["file_groups"].items(), f"compaction {instant.time}")]
+        groups = plan["file_groups"]
+        with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-compact") as pool:
+            rows = list(progress(pool.map(lambda item: compact_file_group(context, instant.time, *item),
+                                          groups.items()), f"compaction {instant.time}", total=len(groups)))
         crash_point("table.compaction.files")
         commit(context, Commit(instant, Committer.of(Action.COMPACTION, context.config), written_files(rows), seen,
                                file_groups=sorted(plan["file_groups"])))
