@@ -16,6 +16,8 @@ import mmh3
 import numpy as np
 import pyarrow as pa
 
+from .arrow_buffers import string_buffers
+
 CHUNK = 1 << 16  # keys hashed at once
 LONG_KEY = 256  # bytes; longer keys take the scalar path
 
@@ -46,7 +48,7 @@ def _hashed(keys: pa.Array, vectorized: Callable[[pa.Array], np.ndarray], scalar
     out = np.empty((len(keys), *shape), dtype=dtype)
     for start in range(0, len(keys), CHUNK):
         part = keys.slice(start, CHUNK)
-        _, offsets = _offsets_and_data(part)
+        offsets, _ = string_buffers(part)
         long = np.flatnonzero(np.diff(offsets) > LONG_KEY)
         if len(long) == 0:
             out[start:start + len(part)] = vectorized(part)
@@ -59,13 +61,6 @@ def _hashed(keys: pa.Array, vectorized: Callable[[pa.Array], np.ndarray], scalar
     return out
 
 
-def _offsets_and_data(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    _, offsets_buf, data_buf = keys.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32)[keys.offset:keys.offset + len(keys) + 1].astype(np.int64)
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    return data, offsets
-
-
 class _Words:
     """Little-endian words of the keys' bytes at any byte offset, from aligned reads: a key's j-th word is
     the low part of the aligned word under it shifted down and the high part of the next shifted up (numpy's
@@ -73,7 +68,7 @@ class _Words:
     padding, so a key's last word never reads past them."""
 
     def __init__(self, keys: pa.Array, dtype: type) -> None:
-        data, offsets = _offsets_and_data(keys)
+        offsets, data = string_buffers(keys)
         self.dtype = dtype
         size = np.dtype(dtype).itemsize
         data = data[offsets[0]:offsets[-1]]  # a sliced array's buffer holds the other keys' bytes too

@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from indexes.arrow_buffers import string_buffers
+
 from .errors import CorruptFileError, naming_damage
 from .table_config import KEY_COLUMN
 from .thrift_compact import leading_ints, leading_list_size, page_locations, read_struct
@@ -68,13 +70,8 @@ def nul_free_metadata(keys: pa.ChunkedArray | pa.Array) -> dict[bytes, bytes]:
     for chunk in chunks:
         if len(chunk) == 0:
             continue
-        large = pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type)
-        offsets_type = np.dtype(np.int64 if large else np.int32)
-        _, offsets_buffer, data_buffer = chunk.buffers()
-        offsets = np.frombuffer(offsets_buffer, offsets_type, len(chunk) + 1, chunk.offset * offsets_type.itemsize)
-        data = np.frombuffer(data_buffer, np.uint8, int(offsets[-1] - offsets[0]), int(offsets[0])) \
-            if data_buffer is not None else np.zeros(0, np.uint8)
-        nul_free &= int(np.diff(offsets).max()) < 1 << 24 and not (data == 0).any()
+        offsets, data = string_buffers(chunk)
+        nul_free &= int(np.diff(offsets).max()) < 1 << 24 and not (data[offsets[0]:offsets[-1]] == 0).any()
     return {KEYS_NUL_FREE: b"true" if nul_free else b"false"}
 
 

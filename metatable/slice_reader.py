@@ -8,6 +8,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from indexes.arrow_buffers import string_buffers
+
 from .data_log import read_data_log
 from .errors import CorruptFileError, naming_damage
 from .file_slice import FileSlice
@@ -166,8 +168,7 @@ def fixed_width(strings: pa.Array | pa.ChunkedArray) -> np.ndarray:
         padded = pc.ascii_rpad(array, width, padding="\0")
         start = int(np.frombuffer(padded.buffers()[1], np.int32)[padded.offset]) if n else 0
         return np.frombuffer(padded.buffers()[2] or b"", np.uint8)[start:start + n * width].view(f"S{width}")
-    offsets = np.frombuffer(array.buffers()[1], np.int32)[array.offset:array.offset + n + 1]
-    data = np.frombuffer(array.buffers()[2], np.uint8)
+    offsets, data = string_buffers(array)
     starts, lengths = offsets[:-1], np.diff(offsets)
     out = np.zeros((n, width), np.uint8)
     for j in range(width):

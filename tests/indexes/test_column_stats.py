@@ -55,3 +55,13 @@ def test_strings_are_not_compared_again_when_the_footer_has_them(tmp_path, monke
     monkeypatch.setattr(column_stats.pc, "min_max", lambda column: seen.append(column.type) or arrow_min_max(column))
     assert stats(table, metadata) == {"s": ("a", "z", 1), "i": (1, 3, 1)}
     assert seen == [pa.int64()]
+
+
+def test_values_too_long_for_the_footer_come_from_arrow(tmp_path):
+    """The Parquet writer leaves out min and max past its statistics size (4 KB), never truncating them;
+    such a column is compared by Arrow."""
+    long_a, long_b = "a" * 5000 + "z", "b" * 5000
+    table = pa.table({"s": [long_a, "b", "a" * 5000 + "y", long_b]})
+    metadata = written(tmp_path, table, 2)
+    assert not metadata.row_group(0).column(0).statistics.has_min_max
+    assert stats(table, metadata) == {"s": ("a" * 5000 + "y", long_b, 0)}

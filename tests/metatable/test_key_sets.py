@@ -15,6 +15,7 @@ def test_fixed_width_pads_with_nul_and_keeps_utf8_bytes():
     assert fixed_width(pa.array(["l_orderkey:1", "x"])).dtype.itemsize == 12
     assert fixed_width(pa.chunked_array([["b"], ["a", "ccc"]])).tolist() == [b"b", b"a", b"ccc"]
     assert fixed_width(pa.array(["zz", "y", "xxx"]).slice(1)).tolist() == [b"y", b"xxx"]
+    assert fixed_width(pa.array(["zz", "é", "xé"]).slice(1)).tolist() == ["é".encode(), "xé".encode()]
     assert len(fixed_width(pa.array([], pa.string()))) == 0
 
 
