@@ -22,6 +22,11 @@ from .storage import Storage
 from .table_config import DELETED_COLUMN
 
 
+# A block smaller than this is decoded on the calling thread: for the few-KB blocks of a small upsert, Arrow's
+# thread pool cost more than it saved (0.57 -> 0.45 ms a block; `Table.get` reads them from its own threads).
+THREADED_BLOCK_BYTES = 1 << 20
+
+
 def avro_row_schema(arrow_schema: pa.Schema) -> Any:
     """The Avro schema of a table's rows, every field nullable."""
     return fastavro.parse_schema({"type": "record", "name": "Row", "namespace": "metatable.data",
@@ -78,9 +83,11 @@ def read_data_log(storage: Storage, path: str, arrow_schema: pa.Schema) -> tuple
     meta, records = read_container(storage, path)
     try:
         if meta["metatable.format"] == "parquet":
-            block = pq.ParquetFile(io.BytesIO(records[0]["parquet"]), page_checksum_verification=True)
+            parquet = records[0]["parquet"]
+            block = pq.ParquetFile(pa.BufferReader(parquet), page_checksum_verification=True)
             present = set(block.schema_arrow.names)
-            rows = _conform(block.read(columns=[n for n in arrow_schema.names if n in present]), arrow_schema)
+            rows = _conform(block.read(columns=[n for n in arrow_schema.names if n in present],
+                                       use_threads=len(parquet) > THREADED_BLOCK_BYTES), arrow_schema)
         else:
             rows = pa.Table.from_pylist(records, schema=arrow_schema)
         expected = int(meta["metatable.rows"])
@@ -92,7 +99,11 @@ def read_data_log(storage: Storage, path: str, arrow_schema: pa.Schema) -> tuple
 
 
 def _conform(table: pa.Table, arrow_schema: pa.Schema) -> pa.Table:
-    """`table` in `arrow_schema`; a missing deleted flag means live rows."""
+    """`table` in `arrow_schema`; a missing deleted flag means live rows. A block written in the table's
+    own schema is returned as it is: conforming column by column cost 0.35 ms a block, a quarter of reading
+    a small one."""
+    if table.schema.equals(arrow_schema):
+        return table
     columns = [table[f.name] if f.name in table.column_names
                else pa.array(np.zeros(table.num_rows, dtype=bool)) if f.name == DELETED_COLUMN
                else pa.nulls(table.num_rows, f.type) for f in arrow_schema]
