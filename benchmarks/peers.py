@@ -1,7 +1,7 @@
 """metatable beside delta-rs, step by step, on TPC-H lineitem in one run (the workload of issue 12).
 
-Systems: metatable in-process and on Spark (merge-on-read and copy-on-write; bucket, bloom and
-consistent-hashing indexes) and delta-rs (`write_deltalake`, `DeltaTable.merge` on the record key). The
+Systems: metatable in-process and on Spark (merge-on-read and copy-on-write; bucket, bloom,
+consistent-hashing and record-level indexes) and delta-rs (`write_deltalake`, `DeltaTable.merge` on the record key). The
 `-uncounted` systems set `write.count_updates` false: their upserts do not read the keys the file groups
 hold, so they count rows as upserted instead of inserted or updated. Steps:
 
@@ -52,6 +52,7 @@ SYSTEMS = {  # name -> (engine, table type, index, options)
     "inproc-cow-bucket": ("inproc", "copy_on_write", dict(type="bucket"), {}),
     "inproc-mor-ch": ("inproc", "merge_on_read", dict(type="bucket", engine="consistent_hashing"), {}),
     "inproc-mor-bloom": ("inproc", "merge_on_read", dict(type="bloom"), {}),
+    "inproc-mor-record": ("inproc", "merge_on_read", dict(type="record"), {}),
     "spark-mor-bucket": ("spark", "merge_on_read", dict(type="bucket"), {}),
     "spark-mor-bucket-uncounted": ("spark", "merge_on_read", dict(type="bucket"), UNCOUNTED),
     "spark-cow-bucket": ("spark", "copy_on_write", dict(type="bucket"), {}),

@@ -41,6 +41,9 @@ OPTIONS: dict[str, Option] = {
     for o in [
         Option("metadata.compact.max_delta_commits", int, 10,
                "compact a metadata file group once it has this many log files", minimum=1),
+        Option("metadata.compact.max_log_bytes", int, 32 << 20,
+               "compact a metadata file group once its log files hold this many bytes (a big load's record "
+               "index entries go to SST at once, not into every read)", minimum=1),
         Option("metadata.clean.retain_file_slices", int, 2,
                "file slices kept per metadata file group by clean (the latest counts)", minimum=1),
         Option("metadata.auto_compact", bool, True, "compact (and clean) the metadata table after each commit"),

@@ -146,7 +146,7 @@ def record_index_records(storage: Storage, paths: TablePaths, config: TableConfi
         tombstones += removed
         entries.append(added)
         in_order += [*removed, added]
-    if unique and config.partition_by and config.index.type != "bucket":  # keys may move partition
+    if unique and config.partition_by and config.index.type != "bucket" and tombstones:  # keys moved partition
         return Entries.concat(tombstones + entries, may_repeat=True)
     return Entries.concat(in_order, may_repeat=False)  # a log block's later entry of a key wins on read
 

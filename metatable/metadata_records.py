@@ -14,11 +14,14 @@ from functools import cached_property
 from typing import Any, Iterable
 
 import fastavro
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from indexes.column_stats import stat_value, wrap_stat_value
 
 from .errors import MetatableError
-from .log_file import avro_long
+from .log_file import Entries, avro_long
 from .schemas import schema
 
 Record = dict[str, Any]
@@ -78,6 +81,13 @@ class RecordKind:
 
     def check_successor(self, current: Record | None, new: Record) -> None:
         """Commit-time invariant between the current merged record and a new one (none by default)."""
+
+    merges_columns = False  # whether `compacted_columns` merges this kind without a record per entry
+
+    def compacted_columns(self, versions: Entries) -> Entries:
+        """What a compaction writes, from every version as columns (the base's, then the logs' in order):
+        each key's merged record in `compacted` form, tombstones dropped, sorted by key."""
+        raise NotImplementedError
 
     def fold(self, records: Iterable[Record]) -> Record | None:
         """Merge oldest first."""
@@ -232,6 +242,29 @@ class RecordIndexKind(RecordKind):
 
     def merge(self, older: Record, newer: Record) -> Record:
         return newer if newer["completed_at"] >= older["completed_at"] else older
+
+    merges_columns = True
+
+    def compacted_columns(self, versions: Entries) -> Entries:
+        """The merge rule over columns: per key, the version with the greatest `completed_at`, then the
+        latest. Only the distinct values are decoded (a file slice's keys share one). Compacting the 6M
+        entries of an SF 1 load: 98 s record by record."""
+        if not len(versions):
+            return versions
+        encoded = pc.dictionary_encode(versions.values)
+        records = [self.decode(raw) for raw in encoded.dictionary.to_pylist()]
+        which = encoded.indices.to_numpy()
+        completed = np.array([r["completed_at"] for r in records], dtype=np.int64)[which]
+        deleted = np.array([r["is_deleted"] for r in records], dtype=bool)[which]
+        order = pc.sort_indices(pa.table({"key": versions.keys, "completed": completed,
+                                          "position": np.arange(len(versions))}),
+                                [("key", "ascending"), ("completed", "ascending"), ("position", "ascending")])
+        order = order.to_numpy()
+        keys = versions.keys.take(pa.array(order))
+        last = np.ones(len(order), dtype=bool)
+        last[:-1] = pc.not_equal(keys.slice(0, len(keys) - 1), keys.slice(1)).to_numpy(zero_copy_only=False)
+        winners = order[last & ~deleted[order]]
+        return versions.take(winners)
 
     def base_visible_many(self, raws: list[bytes]) -> list[Record]:
         """Each distinct value decoded once (the keys of one file slice share theirs): callers get shared,

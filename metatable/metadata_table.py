@@ -384,7 +384,8 @@ class MetadataTable:
 
     # -- services -----------------------------------------------------------------------------------
     def compact(self, force: bool = False) -> CompactionReport:
-        """Compact file groups with `metadata.compact.max_delta_commits` logs (any logs if `force`).
+        """Compact file groups with `metadata.compact.max_delta_commits` logs or `metadata.compact.max_log_bytes`
+        bytes of them (any logs if `force`).
 
         Never compacts a log of an instant that is not completed; a file group whose slice has a log
         newer than some pending instant waits (and says so) until that instant completes or is rolled back.
@@ -393,8 +394,9 @@ class MetadataTable:
         blocked: list[str] = []
         done: dict[str, Any] = {}
         threshold = 1 if force else self.options["metadata.compact.max_delta_commits"]
+        max_bytes = 1 if force else self.options["metadata.compact.max_log_bytes"]
         service = compaction_service(self.layout, self.transactions, None if self.standalone else self.authority,
-                                     threshold, blocked, done)
+                                     threshold, max_bytes, blocked, done)
         run = run_due(self.transactions, service)
         if run.running_elsewhere is not None:
             why = f"compaction {run.running_elsewhere.time} is running in another process"

@@ -25,7 +25,22 @@ stats_record = st.builds(
                           "null_count": 0, "value_count": n, "total_size": 10 * n, "is_deleted": False,
                           "resets": False},
     st.integers(-50, 50), st.integers(0, 10), st.integers(1, 5))
-RECORDS = {"files": files_record, "bloom_filter": bloom_record, "column_stats": stats_record}
+# `completed_at` is stamped when the record is written (`stamped`): completions only move forward
+record_index_record = st.builds(
+    lambda file_id, deleted: {"partition_path": "p", "file_id": file_id, "instant": "1", "completed_at": 0,
+                              "is_deleted": deleted}, st.sampled_from(["f1", "f2"]), st.booleans())
+RECORDS = {"files": files_record, "bloom_filter": bloom_record, "column_stats": stats_record,
+           "record_index": record_index_record}
+RECORD_INDEX_TOMBSTONE = {"partition_path": "", "file_id": "", "instant": "", "completed_at": 0, "is_deleted": True}
+
+
+def stamped(batch: dict[str, dict[str, Any]], completed_at: int) -> dict[str, dict[str, Any]]:
+    """`batch` with its record_index entries completed at `completed_at`."""
+    entries = batch.get("record_index")
+    if not entries:
+        return batch
+    return {**batch, "record_index": {k: None if r is None else {**r, "completed_at": completed_at}
+                                      for k, r in entries.items()}}
 
 
 def visible(partition: str, history: list[dict[str, Any] | None]) -> dict[str, Any] | None:
@@ -45,6 +60,10 @@ def visible(partition: str, history: list[dict[str, Any] | None]) -> dict[str, A
                     live[name] = max(live.get(name, 0), e["size"])
         return {"files": {n: {"size": s, "is_deleted": False} for n, s in live.items()},
                 "is_deleted": False} if live else None
+    if partition == "record_index":  # the latest completion wins, the later one on a tie
+        versions = [RECORD_INDEX_TOMBSTONE if r is None else r for r in history]
+        latest = max(range(len(versions)), key=lambda i: (versions[i]["completed_at"], i))
+        return None if versions[latest]["is_deleted"] else versions[latest]
     if partition == "bloom_filter":
         return history[-1] if history and history[-1] is not None else None
     state = None

@@ -1,7 +1,11 @@
+import io
+
+import fastavro
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from metatable.errors import CorruptFileError
-from metatable.log_file import BlockKind, LogBlock, read_log, write_log
+from metatable.log_file import BlockKind, LogBlock, entries_of_block, read_log, write_log
 from metatable.storage import LocalStorage
 
 S = LocalStorage()
@@ -11,17 +15,62 @@ def block(n=100):
     return LogBlock("20240101000000000", BlockKind.RECORDS, [(f"k{i:04d}", bytes([i % 256]) * 30) for i in range(n)])
 
 
+def written(tmp_path, entries, name="log"):
+    path = str(tmp_path / name)
+    write_log(S, path, LogBlock("20240101000000000", BlockKind.RECORDS, entries))
+    return path
+
+
 def test_round_trip(tmp_path):
     path = str(tmp_path / ".f-0000_00000000000000000.log.1_t")
     write_log(S, path, block())
     got = read_log(S, path)
-    assert got == block()
+    assert (got.instant, got.kind, got.target_instant) == ("20240101000000000", BlockKind.RECORDS, None)
+    assert got.entries.pairs() == block().entries
+
+
+def test_lengths_of_every_varint_width(tmp_path):
+    """Lengths of 0, 63/64 (one and two varint bytes), 8191/8192 (two and three) and a non-ASCII key."""
+    entries = [("", b""), ("a" * 63, b"x" * 64), ("b" * 64, b"y" * 8191), ("ключ-é", b"z" * 8192), ("k", b"\x00")]
+    assert read_log(S, written(tmp_path, entries)).entries.pairs() == entries
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=80), st.binary(max_size=300)), max_size=40))
+def test_read_equals_fastavros_reading(tmp_path_factory, entries):
+    """The columnar read against fastavro's own record reader of the same file."""
+    path = written(tmp_path_factory.mktemp("log"), entries)
+    with open(path, "rb") as f:
+        expected = [(r["key"], r["value"]) for r in fastavro.reader(f)]
+    assert read_log(S, path).entries.pairs() == expected == entries
+
+
+def test_a_body_with_bytes_left_over_or_missing_is_an_error():
+    body = b"\x02k\x02v"  # one entry: key "k", value b"v"
+    assert entries_of_block(body, 1).pairs() == [("k", b"v")]
+    with pytest.raises(ValueError, match="after the last"):
+        entries_of_block(body + b"\x00", 1)
+    with pytest.raises(IndexError):
+        entries_of_block(body, 2)
+    with pytest.raises(ValueError, match="negative length"):
+        entries_of_block(b"\x01\x02v", 1)
 
 
 def test_rollback_block(tmp_path):
     path = str(tmp_path / "r")
     write_log(S, path, LogBlock("20240101000000001", BlockKind.ROLLBACK, [], target_instant="20240101000000000"))
     assert read_log(S, path).target_instant == "20240101000000000"
+
+
+def test_entries_of_another_schema_are_an_error(tmp_path):
+    path = str(tmp_path / "log")
+    buf = io.BytesIO()
+    fastavro.writer(buf, {"type": "record", "name": "R", "fields": [{"name": "key", "type": "long"}]}, [{"key": 1}],
+                    metadata={"metatable.instant": "20240101000000000", "metatable.block_kind": "records",
+                              "metatable.count": "1"})
+    open(path, "wb").write(buf.getvalue())
+    with pytest.raises(CorruptFileError, match="not \\(key: string, value: bytes\\)"):
+        read_log(S, path)
 
 
 @pytest.mark.parametrize("cut", [10, 200, -40, -1])

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, strategies as st
 
 from indexes.column_stats import stat_value
+from metatable.log_file import Entries
 from metatable.metadata_records import KINDS, MetadataIntegrityError
 
 FILES, BLOOM, STATS, RING, RECORDS = (KINDS[k] for k in ("files", "bloom_filter", "column_stats", "hashing_meta",
@@ -196,3 +198,16 @@ def test_record_index_encoding_is_reused_per_entry():
     assert RECORDS.encode(entry) is first
     assert RECORDS.decode(first) == entry
     assert RECORDS.decode(RECORDS.encode({**entry, "file_id": "g"}))["file_id"] == "g"
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "é"]), record_entry), max_size=30))
+def test_record_index_merges_columns_as_records(versions):
+    """The columnar compaction against folding each key's records (oldest first) and `compacted`."""
+    entries = Entries(pa.array([k for k, _ in versions], pa.large_string()),
+                      pa.array([RECORDS.encode(r) for _, r in versions], pa.large_binary()))
+    expected = []
+    for key in sorted({k for k, _ in versions}):
+        merged = RECORDS.compacted(RECORDS.fold([r for k, r in versions if k == key]))
+        if merged is not None:
+            expected.append((key, merged))
+    assert [(k, RECORDS.decode(v)) for k, v in RECORDS.compacted_columns(entries).pairs()] == expected

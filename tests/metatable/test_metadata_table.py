@@ -71,6 +71,23 @@ def test_compaction_is_automatic_and_preserves_reads(mdt):
     assert dict(reopened.scan("files")) == model.expected("files")
 
 
+def test_a_file_group_whose_logs_pass_max_log_bytes_compacts_at_once(tmp_path):
+    """One big commit (a load's record-index entries) goes to SST at once, not after max_delta_commits;
+    a small one waits."""
+    options = {"metadata.compact.max_delta_commits": 10, "metadata.compact.max_log_bytes": 16 << 10}
+    entry = {"partition_path": "p", "file_id": "f", "instant": "1", "completed_at": 1, "is_deleted": False}
+    small = MetadataTable.create(str(tmp_path / "s"), {"record_index": 2}, options=options)
+    small.commit({"record_index": {"k": entry}})
+    assert not small.timeline.completed([Action.COMPACTION])
+    big = MetadataTable.create(str(tmp_path / "b"), {"record_index": 2}, options=options)
+    big.commit({"record_index": {f"k{i:05d}": entry for i in range(4000)}})  # ~32 KB of log per file group
+    assert big.timeline.completed([Action.COMPACTION]), "logs past max_log_bytes should have been compacted"
+    assert sorted(n for n in os.listdir(os.path.join(big.root, "record_index")) if n.endswith(".sst")) \
+        == [f"record-index-{i:04d}_compacted_{big.timeline.completed([Action.COMPACTION])[-1].time}.sst"
+            for i in range(2)]
+    assert big.get_many("record_index", ["k00000", "k03999", "zz"]) == {"k00000": entry, "k03999": entry}
+
+
 def test_old_reader_keeps_its_view(mdt):
     mdt.commit({"files": {"p": files("a")}})
     old = MetadataTable.open(mdt.root)

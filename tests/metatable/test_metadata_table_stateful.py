@@ -11,9 +11,9 @@ from metatable.errors import RollbackError
 from metatable.instant import Action
 from metatable.metadata_table import MetadataTable
 
-from .models import RECORDS, Model
+from .models import RECORDS, Model, stamped
 
-PARTITIONS = {"files": 2, "bloom_filter": 1, "column_stats": 3}
+PARTITIONS = {"files": 2, "bloom_filter": 1, "column_stats": 3, "record_index": 2}
 KEYS = st.sampled_from(["k1", "k10", "k2", "k20", "x", "x1"])
 PREFIXES = ["", "k", "k1", "k2", "x", "zz"]
 
@@ -37,18 +37,25 @@ class MetadataTableMachine(RuleBasedStateMachine):
         self.mdt = MetadataTable.create(f"{self.dir}/m", PARTITIONS, options=self.options)
         self.model = Model()
         self.pending_records: dict[str, dict] = {}
+        self.writes = 0  # record_index entries complete in write order
 
     def teardown(self):
         if hasattr(self, "mdt"):
             self.mdt.close()
             shutil.rmtree(self.dir, ignore_errors=True)
 
+    def stamped(self, batch):
+        self.writes += 1
+        return stamped(batch, self.writes)
+
     @rule(batch=batches)
     def commit(self, batch):
+        batch = self.stamped(batch)
         self.model.commits[self.mdt.commit(batch)] = batch
 
     @rule(target=pending, batch=batches)
     def start_without_completing(self, batch):
+        batch = self.stamped(batch)
         time = self.mdt.begin()
         self.mdt.write(time, batch)
         self.pending_records[time] = batch
