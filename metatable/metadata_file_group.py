@@ -129,7 +129,8 @@ class MetadataFileGroup:
     # -- reads (raw merged records; the caller applies visibility) --------------------------------
     def get_visible(self, keys: list[str]) -> dict[str, Record]:
         """Visible merged records of the present keys: base values decoded in one batch, then one merge
-        with the pre-merged log record for the few keys that logs touched."""
+        with the folded log record of each key the logs touch (only these keys' entries are decoded, unless
+        a scan has folded every key already)."""
         logs = self._log_records if self._log_records is not None else self._logged(keys)
         base = self.base_reader()
         kind = self.kind

@@ -5,8 +5,9 @@ that readers already see is undone by rollback blocks in the file groups it touc
 still see it keep working until clean. A compacted instant cannot be undone on its own.
 
 Compaction writes a new SST base for each file group with `metadata.compact.max_delta_commits` readable
-logs or `metadata.compact.max_log_bytes` of them (a load's million record-index entries would otherwise be
-read back from Avro by every lookup until ten commits later: 57 s for 1,000 keys after an SF 1 load), never including a log of an instant that is not completed: a file group whose slice holds a log
+logs or `metadata.compact.max_log_bytes` of them (a load's millions of record-index entries would otherwise
+be read back from Avro by every lookup until ten commits later: 57 s for 1,000 keys after an SF 1 load),
+never including a log of an instant that is not completed: a file group whose slice holds a log
 newer than some pending instant waits (and says which) because that instant must merge before the newer
 logs. Clean deletes file slices beyond the newest `metadata.clean.retain_file_slices` per file group, bases
 of compactions that never completed, and logs of instants no timeline knows any more.
@@ -132,8 +133,8 @@ def compaction_service(layout: MetadataLayout, transactions: Transactions, autho
         for partition, index, file_id in layout.file_groups():
             fs = layout.slice(partition, index, listings[partition], snapshot.compactions)
             readable = [lf for lf in fs.logs if lf.instant in snapshot.valid_instants or lf.instant in snapshot.rollbacks]
-            if len(readable) < threshold and sum(layout.storage.size(os.path.join(layout.dir(partition), lf.file_name))
-                                                 for lf in readable) < max_bytes:
+            log_bytes = sum(layout.storage.size(os.path.join(layout.dir(partition), lf.file_name)) for lf in readable)
+            if len(readable) < threshold and log_bytes < max_bytes:
                 continue
             if file_id in indexing:  # the indexer writes its base: nothing compacts it before that
                 blocked.append(f"{file_id} waits for indexing {indexing[file_id]}")
