@@ -100,7 +100,7 @@ class MetadataFileGroup:
     def _records_of(self, entries: Entries) -> dict[str, Record]:
         """Each key's records among `entries` folded oldest first (merges are associative, so a read merges
         once more onto the base). Each distinct value is decoded once: the keys of one file share theirs in
-        the record index, and decoding 6M entries one by one took 25 s."""
+        the record index, and decoding 6M entries one by one was 25 s of a 98 s compaction under the profiler."""
         decoded: dict[bytes, Record] = {}
         history: dict[str, list[Record]] = {}
         decode = self.kind.decode
@@ -220,7 +220,8 @@ class MetadataFileGroup:
                     yield key.encode(), kind.encode(record)
 
     def _base_entries(self) -> Entries:
-        """The base's entries as columns (the sentinel left out)."""
+        """The base's entries as columns (the sentinel left out). RocksDB's iterator yields one entry at a time
+        (0.6 s for 1.5M; rocksdict's `items()` is no faster), then Arrow takes the lists (0.5 s)."""
         base = self.base_reader()
         keys, values = [], []
         if base is not None:

@@ -133,9 +133,9 @@ def compaction_service(layout: MetadataLayout, transactions: Transactions, autho
         for partition, index, file_id in layout.file_groups():
             fs = layout.slice(partition, index, listings[partition], snapshot.compactions)
             readable = [lf for lf in fs.logs if lf.instant in snapshot.valid_instants or lf.instant in snapshot.rollbacks]
-            log_bytes = sum(layout.storage.size(os.path.join(layout.dir(partition), lf.file_name)) for lf in readable)
-            if len(readable) < threshold and log_bytes < max_bytes:
-                continue
+            if not readable or len(readable) < threshold and sum(
+                    layout.storage.size(os.path.join(layout.dir(partition), lf.file_name)) for lf in readable) < max_bytes:
+                continue  # sizes are asked for only below the count
             if file_id in indexing:  # the indexer writes its base: nothing compacts it before that
                 blocked.append(f"{file_id} waits for indexing {indexing[file_id]}")
                 continue
