@@ -24,7 +24,7 @@ from .locator import Explain, FileIdsOf, MetadataIndex, RecordIndex, SliceLocato
 from .key_pages import key_pages, worth_probing
 from .record_merge import merge_versions
 from .row_pages import read_rows, rows_of_keys
-from .slice_reader import base_path, log_tables, members, read_slice
+from .slice_reader import base_path, log_tables, read_slice
 from .table_config import KEY_COLUMN
 from .timeline_view import TimelineView
 
@@ -45,7 +45,13 @@ def computed_file_ids(context: TableContext, view: TimelineView) -> FileIdsOf | 
     assigner = view.bucket_assigner(index)
 
     def file_ids_of(keys: pa.Array, partitions: Sequence[str]) -> dict[str, pa.Array]:
-        return {p: assigner.file_ids(keys, pa.repeat(pa.scalar(p, pa.string()), len(keys))) for p in partitions}
+        """In one call for every partition: a call per partition cost a `get` of 7 partitions 2 ms."""
+        if not partitions:
+            return {}
+        n = len(keys)
+        every = assigner.file_ids(keys.take(np.tile(np.arange(n), len(partitions))),
+                                  pa.array(partitions, pa.string()).take(np.repeat(np.arange(len(partitions)), n)))
+        return {p: every.slice(i * n, n) for i, p in enumerate(partitions)}
     return file_ids_of
 
 
@@ -95,17 +101,21 @@ def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table) -> pa.
         if i in bases:
             base = pa.table([bases[i][f.name].cast(f.type) for f in storage_schema], schema=storage_schema)
         else:  # the keys' rows picked before the merge, which then sorts only those
-            base = read_slice(context.storage, context.paths, config, fs, read_optimized=True)
-            base = base.filter(pa.array(members(base[KEY_COLUMN], keys)))
-        if not fs.logs:
+            base = with_keys(read_slice(context.storage, context.paths, config, fs, read_optimized=True), keys)
+        logs = [with_keys(t, keys) for t in log_tables(context.storage, context.paths, config, fs,
+                                                       config.log_schema.names)]
+        if not any(t.num_rows for t in logs):
             return base
-        logs = [t.filter(pa.array(members(t[KEY_COLUMN], keys)))
-                for t in log_tables(context.storage, context.paths, config, fs, config.log_schema.names)]
         return merge_versions([base, *logs], config.ordering_field, storage_schema)
 
     with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-get") as pool:
         parts = [rows.select(schema.names).cast(schema) for rows in pool.map(rows_of, range(len(slices)))]
     return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def with_keys(rows: pa.Table, keys: pa.Array) -> pa.Table:
+    """The rows whose record key is one of `keys` (the few keys hashed, the many rows probed)."""
+    return rows.filter(pc.is_in(rows[KEY_COLUMN], value_set=keys))
 
 
 def few_keys(path: str, keys: pa.Array) -> bool:

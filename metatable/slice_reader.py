@@ -28,9 +28,15 @@ def base_path(paths: TablePaths, fs: FileSlice) -> str | None:
 
 def read_base(path: str, schema: pa.Schema | None = None, columns: Sequence[str] | None = None) -> pa.Table:
     """A base file, read whole (or `columns` of it), its pages' checksums verified: a damaged or missing file
-    is an error naming it."""
+    is an error naming it. `ParquetFile.read` skips the dataset layer of `pq.read_table` (the 7 base files of
+    SF 0.01: 20.5 -> 15.3 ms warm); a file whose columns differ from `schema` goes through that layer, which
+    reads it into `schema`."""
     with naming_damage(path):
         check_footer(path, schema)
+        table = pq.ParquetFile(path, page_checksum_verification=True).read(columns=columns)
+        wanted = schema if schema is None or columns is None else pa.schema([schema.field(c) for c in columns])
+        if wanted is None or table.schema.equals(wanted):
+            return table
         return pq.read_table(path, schema=schema, columns=columns, page_checksum_verification=True)
 
 
@@ -84,7 +90,8 @@ def base_metadata(path: str) -> pq.FileMetaData:
 
 def log_tables(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice,
                columns: Sequence[str]) -> list[pa.Table]:
-    schema = pa.schema([config.log_schema.field(c) for c in columns])
+    log_schema = config.log_schema
+    schema = pa.schema([log_schema.field(c) for c in columns])
     return [read_data_log(storage, paths.file(fs.partition, lf.file_name), schema)[1] for lf in fs.logs]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
@@ -143,12 +144,12 @@ class TableConfig:
     def merge_on_read(self) -> bool:
         return self.table_type == "merge_on_read"
 
-    @property
+    @cached_property
     def storage_schema(self) -> pa.Schema:
-        """Columns of a base file: the table's, then the record key."""
+        """Columns of a base file: the table's, then the record key. Cached: a read asks for it per column."""
         return self.schema.append(pa.field(KEY_COLUMN, pa.string(), nullable=False))
 
-    @property
+    @cached_property
     def log_schema(self) -> pa.Schema:
         return self.storage_schema.append(pa.field(DELETED_COLUMN, pa.bool_(), nullable=False))
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from metatable.errors import CorruptFileError
 from metatable.key_pages import KEYS_NUL_FREE, key_page_count, key_pages, nul_free_metadata, write_options
-from metatable.slice_reader import base_keys_present
+from metatable.slice_reader import base_keys_present, read_base
 from metatable.table_config import KEY_COLUMN
 
 COUNTER = iter(range(10 ** 9))
@@ -135,3 +135,18 @@ def test_corrupt_files_name_the_file(tmp_path):
     truncated.write_bytes(data[-200:])  # the tail of a real file: its footer length points before the start
     with pytest.raises(CorruptFileError, match="truncated.parquet"):
         key_pages(str(truncated))
+
+
+def test_read_base_reads_a_file_in_the_table_schema_and_one_that_lacks_a_column(tmp_path):
+    """The direct read returns a file in the table's schema as it is; a file without one of the schema's
+    columns (or with other types) is read into the schema, the missing column as nulls."""
+    schema = pa.schema([pa.field("a", pa.int64()), pa.field("b", pa.string()),
+                        pa.field(KEY_COLUMN, pa.string(), nullable=False)])
+    full = pa.table({"a": [1, 2], "b": ["x", "y"], KEY_COLUMN: ["k1", "k2"]}, schema=schema)
+    pq.write_table(full, tmp_path / "full.parquet", write_page_checksum=True)
+    assert read_base(str(tmp_path / "full.parquet"), schema).equals(full)
+    assert read_base(str(tmp_path / "full.parquet"), schema, columns=["b"]).to_pydict() == {"b": ["x", "y"]}
+    narrow = pa.table({"a": pa.array([3], pa.int32()), KEY_COLUMN: ["k3"]})
+    pq.write_table(narrow, tmp_path / "narrow.parquet", write_page_checksum=True)
+    read = read_base(str(tmp_path / "narrow.parquet"), schema)
+    assert read.schema.equals(schema) and read.to_pydict() == {"a": [3], "b": [None], KEY_COLUMN: ["k3"]}
