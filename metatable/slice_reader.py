@@ -194,9 +194,11 @@ def base_keys_present(path: str, candidates: pa.Array | pa.ChunkedArray) -> tupl
 
 
 def key_column(path: str) -> tuple[pa.ChunkedArray, int]:
-    """A base file's whole record-key column, and its bytes in the file."""
+    """A base file's whole record-key column, and its bytes in the file. Arrow's threads only for several row
+    groups: one column chunk decodes on one thread anyway, and the hand-off cost a small file more than the
+    read (56 SF 0.01 files: 21 -> 16 ms)."""
     with naming_damage(path), pq.ParquetFile(path, page_checksum_verification=True) as parquet:
-        column = parquet.read(columns=[KEY_COLUMN])[KEY_COLUMN]
+        column = parquet.read(columns=[KEY_COLUMN], use_threads=parquet.metadata.num_row_groups > 1)[KEY_COLUMN]
         leaf = [parquet.schema.column(i).path for i in range(len(parquet.schema))].index(KEY_COLUMN)
         return column, sum(parquet.metadata.row_group(i).column(leaf).total_compressed_size
                            for i in range(parquet.metadata.num_row_groups))
