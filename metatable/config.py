@@ -133,6 +133,11 @@ OPTIONS: dict[str, Option] = {
                "tagged rows in memory up to this many bytes (Arrow's count); past it they are spilled by file "
                "group to files under .metatable/spill, so memory follows this, not the input (0: always spill)",
                minimum=0),
+        Option("write.prefetch_key_bytes", int, 256 << 20,
+               "a stream write that tells inserts from updates reads the key columns of the file groups its "
+               "chunks name while later chunks arrive (Spark's rows moving into Python, a Parquet file read), "
+               "holding at most this many bytes of them ahead of their writers (0: no reading ahead)",
+               minimum=0),
         Option("write.spill_compression", str, "none",
                "codec of the spill files (Arrow IPC, local, removed when the write ends); lz4 made the SF 1 load "
                "from a Parquet path 0.7-1.7 s slower in-process and 0.6 s on Spark (docs/design-notes.md) for "

@@ -24,6 +24,7 @@ from .base_file import new_write_token
 from .base_file_writer import new_file, write_base_file
 from .data_log import write_data_log
 from .dual_writes import DUAL
+from .key_prefetch import KeyPrefetch, SliceKeys
 from .log_file import LogFile
 from .record_merge import dedupe_batch, merge_versions
 from .slice_reader import live_mask, members, read_slice
@@ -34,8 +35,10 @@ from .written import NO_COUNTS, STATS_SCHEMA, stats_row
 
 
 class FileGroupWriter:
-    def __init__(self, task: WriteTask, partition: str, file_id: str, storage: Storage | None = None) -> None:
+    def __init__(self, task: WriteTask, partition: str, file_id: str, storage: Storage | None = None,
+                 prefetched: SliceKeys | None = None) -> None:
         self.task = task
+        self.prefetched = prefetched
         self.config = task.config
         self.partition = partition
         self.file_id = file_id
@@ -97,10 +100,11 @@ class FileGroupWriter:
         does not count updates (`write.count_updates`), which needs nothing else from them. Where the index
         looked the keys up (bloom, record index), the caller has the answer already: reading the keys again
         cost the Spark bloom upsert's write stage ~0.5 s at SF 1."""
-        counting = self.config.options["write.count_updates"]
-        if self.task.operation == "upsert" and self.slice is not None and not counting:
+        if self.slice is not None and not self.task.reads_slice_keys:
             return None
-        return live_mask(self.storage, self.task.paths, self.config, self.slice, keys)
+        ahead = self.prefetched
+        return live_mask(self.storage, self.task.paths, self.config, self.slice, keys,
+                         ahead.in_base(keys) if ahead else None, ahead.in_logs(keys) if ahead else None)
 
     def _move_out(self, rows: pa.Table, moved_out: pa.ChunkedArray) -> list[dict]:
         """An upsert's rows of this file group, and the keys that move from it to another partition: one new
@@ -157,10 +161,13 @@ class FileGroupWriter:
         return stats_row(self.partition, file_id, lf.file_name, kind, self.storage.size(path), rows.num_rows, counts)
 
 
-def write_file_group(task: WriteTask, rows: pa.Table) -> pa.Table:
-    """Every incoming row of one file group (tagged) -> statistics of the files written."""
+def write_file_group(task: WriteTask, rows: pa.Table, prefetch: KeyPrefetch | None = None) -> pa.Table:
+    """Every incoming row of one file group (tagged) -> statistics of the files written; `prefetch` may have
+    read the slice's keys ahead."""
     if rows.num_rows == 0:
         return STATS_SCHEMA.empty_table()
     partition = rows[PARTITION_COLUMN][0].as_py()
     file_id = rows[FILE_ID_COLUMN][0].as_py()
-    return pa.Table.from_pylist(FileGroupWriter(task, partition, file_id).write(rows), schema=STATS_SCHEMA)
+    prefetched = prefetch.take((partition, file_id)) if prefetch is not None else None
+    return pa.Table.from_pylist(FileGroupWriter(task, partition, file_id, prefetched=prefetched).write(rows),
+                                schema=STATS_SCHEMA)

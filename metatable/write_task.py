@@ -34,6 +34,14 @@ class WriteTask:
         return isinstance(self.index_plan, BloomPlan) and self.index_plan.moves
 
     @property
+    def reads_slice_keys(self) -> bool:
+        """Whether a file group's writer reads the keys its merge-on-read slice holds: to tell inserts from
+        updates, or to skip or delete only keys that exist. Not where the index looked the keys up, nor for
+        an upsert that does not count (`write.count_updates`)."""
+        return (self.config.merge_on_read and not self.looks_up_keys
+                and (self.operation != "upsert" or self.config.options["write.count_updates"]))
+
+    @property
     def looks_up_keys(self) -> bool:
         """Whether the index finds each key's file group by a lookup (bloom and record indexes): its rows
         then carry PRESENT_COLUMN, and writers need not check their file groups again."""

@@ -17,7 +17,7 @@ import metatable as mt
 from metatable.cli import main as cli_main
 from metatable.errors import InvalidInputError
 
-from .table_model import SCHEMA, TableModel, operation_strategy, sort_rows
+from .table_model import SCHEMA, TableModel, check_counts, operation_strategy, sort_rows
 
 INDEXES = {"bucket": mt.IndexConfig(num_buckets=2), "bloom": mt.IndexConfig(type="bloom"),
            "consistent_hashing": mt.IndexConfig(engine="consistent_hashing", num_buckets=2)}
@@ -40,22 +40,27 @@ def as_stream(data: pa.Table, kind: str, directory: str, step: int):
 @pytest.mark.parametrize("kind", KINDS)
 @settings(max_examples=8, deadline=None)
 @given(ops=st.lists(operation_strategy, min_size=1, max_size=4), spill_bytes=st.sampled_from([0, 600, 1 << 30]),
-       spill_compression=st.sampled_from(["none", "lz4"]))
-def test_streamed_writes_equal_the_model(table_type, index, kind, ops, spill_bytes, spill_compression):
-    """Chunks held in memory, spilled from the first, or spilled once some are held (`write.spill_bytes`)."""
+       spill_compression=st.sampled_from(["none", "lz4"]), prefetch_bytes=st.sampled_from([0, 200, 1 << 30]))
+def test_streamed_writes_equal_the_model(table_type, index, kind, ops, spill_bytes, spill_compression,
+                                         prefetch_bytes):
+    """Chunks held in memory, spilled from the first, or spilled once some are held (`write.spill_bytes`);
+    the keys of file groups read ahead of their writers, none, or some (`write.prefetch_key_bytes`). The
+    counts (which the keys read ahead decide) and the rows equal the model's."""
     root = tempfile.mkdtemp(prefix="mt-stream-")
     try:
         table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p", "ts", table_type=table_type, index=INDEXES[index],
                                 metadata_indexes=["column_stats", "bloom_filter"],
                                 options={"write.chunk_rows": 4, "write.spill_bytes": spill_bytes,
-                                         "write.spill_compression": spill_compression})
+                                         "write.spill_compression": spill_compression,
+                                         "write.prefetch_key_bytes": prefetch_bytes})
         model = TableModel(partitioned=True)
         for step, (operation, rows) in enumerate(ops):
             data = pa.Table.from_pylist(rows, schema=SCHEMA)
             data = data.select(["id", "p"]) if operation == "delete" else data
             operation = "bulk_insert" if operation == "insert" and step % 2 else operation
             result = getattr(table, operation)(as_stream(data, kind, root, step))
-            model.apply("insert" if operation == "bulk_insert" else operation, rows)
+            counts = model.apply("insert" if operation == "bulk_insert" else operation, rows)
+            check_counts(result, counts, table.config, operation)
             assert result.operation == operation
             assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
             assert not os.path.exists(table.context.paths.spill(result.instant)), "the spill is removed"
@@ -117,3 +122,27 @@ def test_cli_bulk_insert_streams_parquet_and_csv(tmp_path, capsys):
     assert "20 inserted" in capsys.readouterr().out
     rows = mt.Table.open(t).get(pa.table({"id": [45, 59], "p": ["b", "b"]})).to_pylist()
     assert sorted(r["v"] for r in rows) == ["0045", "0059"], "CSV columns take the table's types"
+
+
+@pytest.mark.parametrize("prefetch_bytes", [0, 1 << 30])
+def test_keys_read_ahead_count_what_the_logs_say(tmp_path, prefetch_bytes):
+    """A streamed upsert and delete counted against slices whose logs insert, update and delete keys: with
+    the keys read ahead (`key_prefetch`) as without. Keys: 0-9 in the base, 10-14 inserted by a log, 0-4
+    deleted by a later one; the stream then holds 0-2 (deleted), 5-7 (in the base), 10-12 (from the log)
+    and 20-22 (new)."""
+    table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=1),
+                            options={"write.prefetch_key_bytes": prefetch_bytes, "write.chunk_rows": 4})
+
+    def rows(ids, ts):
+        return pa.table({"id": ids, "p": ["a"] * len(ids), "v": ["x"] * len(ids), "ts": [ts] * len(ids)},
+                        schema=SCHEMA)
+    table.bulk_insert(rows(list(range(10)), 1))
+    table.upsert(rows(list(range(10, 15)), 2))
+    table.delete(rows(list(range(5)), 3).select(["id", "p"]))
+    batch = rows([0, 1, 2, 5, 6, 7, 10, 11, 12, 20, 21, 22], 4)
+    r = table.upsert(pa.RecordBatchReader.from_batches(batch.schema, batch.to_batches(max_chunksize=4)))
+    assert (r.inserted, r.updated) == (6, 6)
+    gone = rows([1, 6, 11, 21, 30], 5).select(["id", "p"])
+    r = table.delete(pa.RecordBatchReader.from_batches(gone.schema, gone.to_batches(max_chunksize=2)))
+    assert r.deleted == 4
+    assert sorted(table.to_arrow()["id"].to_pylist()) == [0, 2, 5, 7, 8, 9, 10, 12, 13, 14, 20, 22]
