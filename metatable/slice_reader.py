@@ -209,6 +209,8 @@ def log_keys(storage: Storage, paths: TablePaths, config: TableConfig,
     """What a slice's logs say about existence: the keys they touch, and those alive after them."""
     logs = log_tables(storage, paths, config, fs, [KEY_COLUMN, DELETED_COLUMN])
     touched = pa.concat_tables(logs)[KEY_COLUMN]
+    if not any(pc.any(log[DELETED_COLUMN]).as_py() for log in logs):
+        return touched, touched  # no deletes: every key the logs touch is alive (the merge: 0.15 ms a slice)
     alive = merge_versions(logs, None, pa.schema([(KEY_COLUMN, pa.string())]))[KEY_COLUMN]
     return touched, alive
 
