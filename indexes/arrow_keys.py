@@ -26,6 +26,14 @@ def _as_text(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     return pc.cast(column, pa.string())
 
 
+def _may_be_empty(t: pa.DataType) -> bool:
+    """Whether a key column's text may be "": not for numbers, booleans, dates and times, which always print
+    something. Checking only for nulls there: the keys of a 1M-row load chunk (two integer columns) took
+    120 -> 81 ms."""
+    return not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+                or pa.types.is_boolean(t) or pa.types.is_temporal(t))
+
+
 def record_keys(table: pa.Table, fields: Sequence[str]) -> pa.ChunkedArray:
     """The contract record key of every row: one field -> its text; several -> `f1:v1,f2:v2`.
     A null or empty key value is an error that says how many rows have it and shows one."""
@@ -35,9 +43,9 @@ def record_keys(table: pa.Table, fields: Sequence[str]) -> pa.ChunkedArray:
             raise InvalidInputError(f"record key column {name!r} is missing from the data "
                                     f"(columns: {table.column_names})")
         text = _as_text(table[name])
-        bad = pc.or_kleene(pc.is_null(text), pc.equal(text, ""))
-        bad_count = pc.sum(pc.cast(pc.fill_null(bad, True), pa.int64())).as_py() or 0
-        if bad_count:
+        if text.null_count or (_may_be_empty(table[name].type) and pc.any(pc.equal(text, "")).as_py()):
+            bad = pc.or_kleene(pc.is_null(text), pc.equal(text, ""))
+            bad_count = pc.sum(pc.cast(pc.fill_null(bad, True), pa.int64())).as_py() or 0
             row = pc.index(pc.fill_null(bad, True), True).as_py()
             raise InvalidInputError(f"record key column {name!r} is null or empty in {bad_count} rows "
                                     f"(first at row {row}); every record needs a key")

@@ -54,7 +54,8 @@ class KeyPrefetch:
 
     def __init__(self, task: WriteTask) -> None:
         self.task = task
-        self.budget = task.config.options["write.prefetch_key_bytes"] if task.reads_slice_keys else 0
+        reads = task.reads_slice_keys and task.slices  # a load into an empty table has nothing to read
+        self.budget = task.config.options["write.prefetch_key_bytes"] if reads else 0
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="metatable-prefetch") if self.budget else None
         self.pending: dict[FileGroupKey, Future[SliceKeys]] = {}
         self.held_bytes = 0  # read ahead and not yet taken
