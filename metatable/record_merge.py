@@ -73,7 +73,10 @@ def _sortable(t: pa.DataType) -> bool:
 
 
 def merge_versions(tables: Sequence[pa.Table], ordering: str | None, schema: pa.Schema) -> pa.Table:
-    """Merge the versions of a file slice (base first, then logs in write order) into `schema`'s columns."""
+    """Merge the versions of a file slice (base first, then logs in write order) into `schema`'s columns.
+    Rows come sorted by key from the general merge, in no particular order from `newest_versions`."""
+    if ordering is None and (newest := newest_versions([t for t in tables if t.num_rows], schema)) is not None:
+        return newest
     parts = [with_version(t, seq) for seq, t in enumerate(tables) if t.num_rows]
     if not parts:
         return schema.empty_table()
@@ -85,3 +88,32 @@ def merge_versions(tables: Sequence[pa.Table], ordering: str | None, schema: pa.
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     cols = [table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema]
     return pa.Table.from_arrays(cols, schema=schema)
+
+
+def newest_versions(parts: Sequence[pa.Table], schema: pa.Schema) -> pa.Table | None:
+    """The merge without an ordering field, where no part deletes and each holds a key at most once (a base
+    file, a log block: what writers write): the newest version of each key is a part's row whose key no later
+    part holds. No sort: a 94k-row SF 1 slice with two logs merged in 40.7 ms by sorting. None where the
+    parts do not qualify."""
+    if not parts:
+        return schema.empty_table()
+    if any(DELETED_COLUMN in p.column_names and pc.any(p[DELETED_COLUMN]).as_py() for p in parts):
+        return None
+    if not all(_unique(p[KEY_COLUMN]) for p in parts):
+        return None
+    kept: list[pa.Table] = [parts[-1]]
+    newer = [parts[-1][KEY_COLUMN].combine_chunks()]
+    for part in reversed(parts[:-1]):
+        kept.append(part.filter(pc.invert(pc.is_in(part[KEY_COLUMN], value_set=pa.concat_arrays(newer)))))
+        newer.append(part[KEY_COLUMN].combine_chunks())
+    return pa.concat_tables([_conform(p, schema) for p in reversed(kept)])
+
+
+def _unique(keys: pa.ChunkedArray) -> bool:
+    """Whether no key repeats: strictly ascending keys (a base file's) are checked in one pass, others hashed."""
+    if len(keys) < 2:
+        return True
+    keys = keys.combine_chunks()
+    if pc.all(pc.less(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py():
+        return True
+    return pc.count_distinct(keys).as_py() == len(keys)

@@ -1,0 +1,74 @@
+"""The merge of a file slice's versions against a plain model of the merge rules (docs: Merge rules)."""
+from __future__ import annotations
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from metatable.record_merge import merge_versions, newest_versions
+from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
+
+SCHEMA = pa.schema([(KEY_COLUMN, pa.string()), ("ts", pa.int64()), ("v", pa.string())])
+LOG_SCHEMA = SCHEMA.append(pa.field(DELETED_COLUMN, pa.bool_()))
+
+keys = st.sampled_from([f"k{i}" for i in range(8)])
+version = st.fixed_dictionaries({"ts": st.one_of(st.none(), st.integers(0, 3)), "v": st.text(max_size=2),
+                                 DELETED_COLUMN: st.booleans()})
+# a part holds each key at most once, as every base file and log block does
+part = st.dictionaries(keys, version, max_size=6)
+
+
+def model(parts: list[dict[str, dict]], ordering: str | None) -> dict[str, tuple]:
+    """Per key: the versions after its last delete; of those the greatest ordering value (nulls lowest),
+    ties going to the later part; gone when none is left."""
+    out = {}
+    for key in {k for p in parts for k in p}:
+        versions = [(seq, p[key]) for seq, p in enumerate(parts) if key in p]
+        last_delete = max((seq for seq, row in versions if row[DELETED_COLUMN]), default=-1)
+        alive = [(seq, row) for seq, row in versions if seq > last_delete]
+        if alive:
+            def rank(item):
+                seq, row = item
+                value = row[ordering] if ordering else None
+                return (value is not None, value or 0, seq)
+            row = max(alive, key=rank)[1]
+            out[key] = (row["ts"], row["v"])
+    return out
+
+
+def as_tables(parts: list[dict[str, dict]]) -> list[pa.Table]:
+    """The first part as a base file (no deleted flag, live rows only, sorted), the rest as log blocks."""
+    tables = []
+    for i, p in enumerate(parts):
+        rows = [{KEY_COLUMN: k, **r} for k, r in sorted(p.items())]
+        if i == 0:
+            rows = [{c: r[c] for c in SCHEMA.names} for r in rows if not r[DELETED_COLUMN]]
+            tables.append(pa.Table.from_pylist(rows, schema=SCHEMA))
+        else:
+            tables.append(pa.Table.from_pylist(rows, schema=LOG_SCHEMA))
+    return tables
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(part, min_size=1, max_size=4), ordered=st.booleans())
+def test_merge_equals_the_model(parts, ordered):
+    parts[0] = {k: {**r, DELETED_COLUMN: False} for k, r in parts[0].items()}  # a base holds no deletes
+    ordering = "ts" if ordered else None
+    merged = merge_versions(as_tables(parts), ordering, SCHEMA)
+    got = {r[KEY_COLUMN]: (r["ts"], r["v"]) for r in merged.to_pylist()}
+    assert merged.num_rows == len(got), "one row per key"
+    assert got == model(parts, ordering)
+
+
+def test_newest_versions_leaves_deletes_and_repeated_keys_to_the_general_merge():
+    base = pa.table({KEY_COLUMN: ["a", "b"], "ts": [1, 1], "v": ["x", "y"]}, schema=SCHEMA)
+    deletes = pa.table({KEY_COLUMN: ["a"], "ts": [None], "v": [None], DELETED_COLUMN: [True]}, schema=LOG_SCHEMA)
+    repeats = pa.table({KEY_COLUMN: ["b", "b"], "ts": [2, 3], "v": ["p", "q"], DELETED_COLUMN: [False, False]},
+                       schema=LOG_SCHEMA)
+    assert newest_versions([base, deletes], SCHEMA) is None
+    assert newest_versions([base, repeats], SCHEMA) is None
+    updates = pa.table({KEY_COLUMN: ["b", "c"], "ts": [0, 0], "v": ["z", "w"], DELETED_COLUMN: [False, False]},
+                       schema=LOG_SCHEMA)
+    newest = newest_versions([base, updates], SCHEMA)
+    assert sorted(newest.to_pylist(), key=lambda r: r[KEY_COLUMN]) == [
+        {KEY_COLUMN: "a", "ts": 1, "v": "x"}, {KEY_COLUMN: "b", "ts": 0, "v": "z"}, {KEY_COLUMN: "c", "ts": 0, "v": "w"}]
