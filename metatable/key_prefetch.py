@@ -13,18 +13,16 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
-
-from indexes.arrow_keys import pair_groups
 
 from .file_slice import FileSlice
 from .key_pages import worth_probing
 from .slice_reader import base_path, key_column, log_keys, members
 from .storage import LocalStorage
-from .write_task import FILE_ID_COLUMN, PARTITION_COLUMN, WriteTask
+from .write_task import WriteTask
 
 FileGroupKey = tuple[str, str]  # (partition, file id)
 
@@ -49,8 +47,8 @@ class SliceKeys:
 
 
 class KeyPrefetch:
-    """Reads ahead the slice keys of every file group a stream's tagged chunks name (`watching`), for the
-    writers to `take`. Closing waits for the read in progress and forgets what no writer took."""
+    """Reads ahead the slice keys of every file group a stream's held chunks name (`see`), for the writers
+    to `take`. Closing waits for the read in progress and forgets what no writer took."""
 
     def __init__(self, task: WriteTask) -> None:
         self.task = task
@@ -69,17 +67,11 @@ class KeyPrefetch:
             self.pool.shutdown(wait=True, cancel_futures=True)
         self.pending.clear()
 
-    def watching(self, chunks: Iterable[pa.Table]) -> Iterator[pa.Table]:
-        """`chunks`, each seen before it is passed on: the reads of file groups it names first start at once."""
-        for chunk in chunks:
-            if self.pool is not None:
-                self._see(chunk)
-            yield chunk
-
-    def _see(self, tagged: pa.Table) -> None:
-        partitions, file_ids = tagged[PARTITION_COLUMN], tagged[FILE_ID_COLUMN]
-        for rows in pair_groups(partitions, file_ids):
-            key = (partitions[int(rows[0])].as_py(), file_ids[int(rows[0])].as_py())
+    def see(self, groups: Sequence[tuple[FileGroupKey, np.ndarray]]) -> None:
+        """A held chunk's file groups (each with its rows' indices): the reads of those not seen before start."""
+        if self.pool is None:
+            return
+        for key, rows in groups:
             fs = self.task.slices.get(key)
             if fs is not None and key not in self.pending:
                 self.pending[key] = self.pool.submit(self._read, fs, len(rows))

@@ -152,23 +152,27 @@ def write_stream(task: WriteTask, chunks: Iterable[pa.Table], spill_dir: str | N
     (`key_prefetch`)."""
     with GroupSpill(spill_dir, task.config.options["write.spill_compression"]) as spill, \
             KeyPrefetch(task) as prefetch:
-        held = hold(prefetch.watching(chunks), spill, task.config.options["write.spill_bytes"])
+        held = hold(chunks, spill, task.config.options["write.spill_bytes"], seen=prefetch.see)
         if not spill.writers:
             return write_groups(task, held.groups(), len(held.keys), prefetch=prefetch)
         return write_groups(task, spill.groups(), len(spill.writers), prefetch=prefetch)
 
 
-def hold(chunks: Iterable[pa.Table], spill: GroupSpill, budget: int, background: bool = True) -> HeldGroups:
+def hold(chunks: Iterable[pa.Table], spill: GroupSpill, budget: int, background: bool = True,
+         seen: Callable[[list[GroupRows]], None] | None = None) -> HeldGroups:
     """Tagged chunks held by file group; once they pass `budget` bytes, they and every later chunk go to
     `spill`, chunk by chunk: in a background thread while the next chunk is read and tagged (a spill's take
-    and write release the GIL), or, without `background`, in turn. Returns what stayed held."""
+    and write release the GIL), or, without `background`, in turn. `seen` is told each chunk's file groups
+    as soon as it is held. Returns what stayed held."""
     held = HeldGroups()
     with ThreadPoolExecutor(1, thread_name_prefix="metatable-spill") as spiller:
         spilling: Future | None = None
         for rows in chunks:
             if spilling is not None:
                 spilling.result()  # one chunk spills while the next is tagged: memory holds two
-            held.add(rows)
+            groups = held.add(rows)
+            if seen is not None:
+                seen(groups)
             if spill.writers or held.nbytes > budget:
                 if background:
                     spilling = spiller.submit(spill_chunks, spill, held.take_chunks())
@@ -203,7 +207,8 @@ def write_spilled(task: WriteTask, groups: list[tuple[tuple[str, str], list[str]
 
 
 SPILL_TAKES = 8  # takes per spilled chunk (see spill_chunks)
-HeldChunk = tuple[pa.Table, list[tuple[tuple[str, str], np.ndarray]]]  # rows, and each file group's indices
+GroupRows = tuple[tuple[str, str], np.ndarray]  # a file group (partition, file id) and its rows' indices
+HeldChunk = tuple[pa.Table, list[GroupRows]]
 
 
 class HeldGroups:
@@ -215,12 +220,14 @@ class HeldGroups:
         self.keys: set[tuple[str, str]] = set()
         self.nbytes = 0
 
-    def add(self, rows: pa.Table) -> None:
+    def add(self, rows: pa.Table) -> list[GroupRows]:
+        """Hold a tagged chunk; returns its file groups with their row indices."""
         partitions, files = rows[PARTITION_COLUMN], rows[FILE_ID_COLUMN]
         groups = [((partitions[int(g[0])].as_py(), files[int(g[0])].as_py()), g) for g in file_group_rows(rows)]
         self.chunks.append((rows, groups))
         self.keys.update(key for key, _ in groups)
         self.nbytes += rows.nbytes
+        return groups
 
     def take_chunks(self) -> list[HeldChunk]:
         """The held chunks, no longer held."""
