@@ -335,7 +335,7 @@ def split_into_successors(context: TableContext, view: TimelineView, slots: LogS
         path = new_file(context.storage, context.paths, instant, f.partition, target.file_name)
         write_data_log(context.storage, path, instant, part if f.kind == "log" else
                        part.append_column(DELETED_COLUMN, pa.array(np.zeros(len(part), bool))),
-                       config.options["write.log.block_format"], config.options["write.parquet.compression"])
+                       *config.log_encoding)
         out.append(WrittenFile(f.partition, file_id, target.file_name, "log", context.storage.size(path),
                                part.num_rows))
     context.storage.delete(source)

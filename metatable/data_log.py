@@ -1,18 +1,21 @@
 """Data-table log blocks: the rows of one deltacommit for one file group.
 
 The file is an Avro container (name and header conventions of `log_file`). Its
-rows travel either as Avro records (one per row, schema derived from the
-table's) or as one Parquet file inside a single Avro record; `write.log.block_format`
-chooses, and docs/design-notes.md records the measurement behind the default.
+rows travel as one Arrow IPC file inside a single Avro record (the default), as
+one Parquet file so, or as Avro records (one per row, schema derived from the
+table's); `write.log.block_format` chooses, and docs/design-notes.md records the
+measurement behind the default. A reader takes whichever a block holds.
 """
 from __future__ import annotations
 
 import io
+import zlib
 from typing import Any
 
 import fastavro
 import numpy as np
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from .errors import CorruptFileError
@@ -25,6 +28,7 @@ from .table_config import DELETED_COLUMN
 # A block smaller than this is decoded on the calling thread: for the few-KB blocks of a small upsert, Arrow's
 # thread pool cost more than it saved (0.57 -> 0.45 ms a block; `Table.get` reads them from its own threads).
 THREADED_BLOCK_BYTES = 1 << 20
+CRC_KEY = "metatable.crc32"  # header entry: zlib's CRC-32 of an Arrow block's IPC bytes
 
 
 def avro_row_schema(arrow_schema: pa.Schema) -> Any:
@@ -58,7 +62,16 @@ def _avro_type(t: pa.DataType) -> Any:
 
 def write_data_log(storage: Storage, path: str, instant: str, rows: pa.Table, block_format: str,
                    compression: str) -> None:
-    if block_format == "parquet":
+    """`rows` as a log block of `block_format`, compressed with `compression` (a codec of that format)."""
+    if block_format == "arrow":
+        sink = pa.BufferOutputStream()
+        codec = None if compression == "none" else pa.Codec(compression)
+        with ipc.new_file(sink, rows.schema, options=ipc.IpcWriteOptions(compression=codec)) as writer:
+            writer.write_table(rows)
+        arrow = sink.getvalue().to_pybytes()
+        write_container(storage, path, schema("arrow_block"), [{"arrow": arrow}], 1,
+                        {**_meta(instant, "arrow", rows.num_rows), CRC_KEY: str(zlib.crc32(arrow))})
+    elif block_format == "parquet":
         buf = io.BytesIO()
         pq.write_table(rows, buf, compression=compression, write_page_checksum=True)
         write_parquet_log(storage, path, instant, buf.getvalue(), rows.num_rows)
@@ -79,10 +92,14 @@ def _meta(instant: str, block_format: str, rows: int) -> dict[str, str]:
 
 
 def read_data_log(storage: Storage, path: str, arrow_schema: pa.Schema) -> tuple[str, pa.Table]:
-    """The block's instant and rows (in `arrow_schema`: a Parquet block reads only its columns)."""
+    """The block's instant and rows (in `arrow_schema`: an Arrow or Parquet block decodes only its columns)."""
     meta, records = read_container(storage, path)
     try:
-        if meta["metatable.format"] == "parquet":
+        block_format = meta["metatable.format"]
+        if block_format == "arrow":
+            rows = _conform(_read_arrow(records[0]["arrow"], int(meta[CRC_KEY]), arrow_schema.names, path),
+                            arrow_schema)
+        elif block_format == "parquet":
             parquet = records[0]["parquet"]
             block = pq.ParquetFile(pa.BufferReader(parquet), page_checksum_verification=True)
             present = set(block.schema_arrow.names)
@@ -91,11 +108,24 @@ def read_data_log(storage: Storage, path: str, arrow_schema: pa.Schema) -> tuple
         else:
             rows = pa.Table.from_pylist(records, schema=arrow_schema)
         expected = int(meta["metatable.rows"])
-    except (KeyError, IndexError, OSError, pa.ArrowException) as e:
+    except (KeyError, IndexError, ValueError, OSError, pa.ArrowException) as e:
         raise CorruptFileError(path, f"unreadable data block ({type(e).__name__}: {e})") from None
     if rows.num_rows != expected:
         raise CorruptFileError(path, f"truncated data block: {rows.num_rows} of {expected} rows")
     return meta["metatable.instant"], rows
+
+
+def _read_arrow(arrow: bytes, crc: int, names: list[str], path: str) -> pa.Table:
+    """The columns `names` (those the block has) of an Arrow IPC block, after checking its CRC-32: Parquet
+    blocks carry page checksums, IPC files none, and a flipped byte in an uncompressed buffer would read as
+    another value."""
+    if zlib.crc32(arrow) != crc:
+        raise CorruptFileError(path, "its data block fails its CRC-32 check (damaged bytes)")
+    buffer = pa.py_buffer(arrow)
+    present = ipc.open_file(buffer).schema.names
+    wanted = [present.index(n) for n in names if n in present]
+    options = ipc.IpcReadOptions(included_fields=wanted, use_threads=len(arrow) > THREADED_BLOCK_BYTES)
+    return ipc.open_file(buffer, options=options).read_all()
 
 
 def _conform(table: pa.Table, arrow_schema: pa.Schema) -> pa.Table:

@@ -156,8 +156,7 @@ class FileGroupWriter:
         block = pa.Table.from_arrays(
             [rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
              for f in schema], schema=schema)
-        write_data_log(self.storage, path, self.task.instant, block, self.config.options["write.log.block_format"],
-                       self.config.options["write.parquet.compression"])
+        write_data_log(self.storage, path, self.task.instant, block, *self.config.log_encoding)
         return stats_row(self.partition, file_id, lf.file_name, kind, self.storage.size(path), rows.num_rows, counts)
 
 

@@ -153,6 +153,13 @@ class TableConfig:
     def log_schema(self) -> pa.Schema:
         return self.storage_schema.append(pa.field(DELETED_COLUMN, pa.bool_(), nullable=False))
 
+    @property
+    def log_encoding(self) -> tuple[str, str]:
+        """How a log block of this table is written: its format and that format's codec."""
+        block_format = self.options["write.log.block_format"]
+        return block_format, self.options["write.log.compression" if block_format == "arrow"
+                                          else "write.parquet.compression"]
+
     def stats_columns(self) -> list[str]:
         """Columns with column_stats: the record key, then the first `column_stats.max_columns` primitive ones."""
         primitive = [f.name for f in self.schema if not pa.types.is_nested(f.type)]
