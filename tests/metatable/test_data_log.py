@@ -1,12 +1,18 @@
 import datetime as dt
 import decimal
+import shutil
+import tempfile
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings, strategies as st
 
+import metatable as mt
 from metatable.data_log import read_data_log, write_data_log
 from metatable.errors import CorruptFileError
 from metatable.storage import LocalStorage
+
+from .table_model import SCHEMA as TABLE_SCHEMA, TableModel, operation_strategy, sort_rows
 
 SCHEMA = pa.schema([("i", pa.int64()), ("s", pa.string()), ("d", pa.date32()), ("m", pa.decimal128(10, 2)),
                     ("t", pa.timestamp("us")), ("b", pa.bool_()), ("_mt_record_key", pa.string()),
@@ -63,3 +69,28 @@ def test_damaged_arrow_block_is_named(tmp_path, codec):
     open(path, "wb").write(bytes(data))
     with pytest.raises(CorruptFileError, match="CRC-32"):
         read_data_log(LocalStorage(), path, SCHEMA)
+
+
+@settings(max_examples=20, deadline=None)
+@given(ops=st.lists(operation_strategy, min_size=1, max_size=6),
+       formats=st.lists(st.sampled_from(["arrow", "parquet", "avro"]), min_size=6, max_size=6))
+def test_slices_mixing_block_formats_read_as_the_model(ops, formats):
+    """Each write of a merge-on-read table uses another block format (an older table keeps its Parquet
+    blocks when the default changes): reads, `get` and a compaction see what a plain model says."""
+    root = tempfile.mkdtemp(prefix="mt-blocks-")
+    try:
+        mt.Table.create(f"{root}/t", TABLE_SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2))
+        model = TableModel(partitioned=True)
+        for (operation, rows), block_format in zip(ops, formats):
+            table = mt.Table.open(f"{root}/t", options={"write.log.block_format": block_format})
+            data = pa.Table.from_pylist(rows, schema=TABLE_SCHEMA)
+            getattr(table, operation)(data.select(["id", "p"]) if operation == "delete" else data)
+            model.apply(operation, rows)
+        expected = model.expected()
+        assert sort_rows(table.to_arrow().to_pylist()) == expected
+        asked = pa.Table.from_pylist(expected, schema=TABLE_SCHEMA).select(["id", "p"])
+        assert sort_rows(table.get(asked).to_pylist()) == expected
+        table.compact()
+        assert sort_rows(mt.Table.open(f"{root}/t").to_arrow().to_pylist()) == expected
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
