@@ -2,8 +2,8 @@
 
 The file is an Avro container (name and header conventions of `log_file`). Its
 rows travel as one Arrow IPC file inside a single Avro record (the default), as
-one Parquet file so, or as Avro records (one per row, schema derived from the
-table's); `write.log.block_format` chooses, and docs/design-notes.md records the
+one Parquet file the same way, or as Avro records (one per row, schema derived
+from the table's); `write.log.block_format` chooses, and docs/design-notes.md records the
 measurement behind the default. A reader takes whichever a block holds.
 """
 from __future__ import annotations

@@ -94,3 +94,25 @@ def test_slices_mixing_block_formats_read_as_the_model(ops, formats):
         assert sort_rows(mt.Table.open(f"{root}/t").to_arrow().to_pylist()) == expected
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+MANY = pa.Table.from_pylist([{"i": i, "s": f"s{i % 13}", "d": dt.date(2020, 1, 1 + i % 28),
+                              "m": decimal.Decimal(i) / 4, "t": dt.datetime(2020, 1, 2, i % 24), "b": i % 2 == 0,
+                              "_mt_record_key": str(i), "_mt_is_deleted": i % 7 == 0} for i in range(300)],
+                            schema=SCHEMA)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+@settings(max_examples=100, deadline=None)
+@given(position=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7))
+def test_a_flipped_bit_anywhere_in_an_arrow_block_never_reads_wrong_rows(tmp_path_factory, codec, position, bit):
+    """Header, Avro framing or IPC bytes: the read gives the rows written or a CorruptFileError naming the file."""
+    path = str(tmp_path_factory.mktemp("flip") / "log")
+    write_data_log(LocalStorage(), path, "20240101000000000", MANY, "arrow", codec)
+    data = bytearray(open(path, "rb").read())
+    data[int(position * len(data))] ^= 1 << bit
+    open(path, "wb").write(bytes(data))
+    try:
+        assert read_data_log(LocalStorage(), path, SCHEMA)[1].equals(MANY)
+    except CorruptFileError as e:
+        assert e.path == path
