@@ -108,11 +108,12 @@ def read_data_log(storage: Storage, path: str, arrow_schema: pa.Schema) -> tuple
         else:
             rows = pa.Table.from_pylist(records, schema=arrow_schema)
         expected = int(meta["metatable.rows"])
+        instant = meta["metatable.instant"]
     except (KeyError, IndexError, ValueError, OSError, pa.ArrowException) as e:
         raise CorruptFileError(path, f"unreadable data block ({type(e).__name__}: {e})") from None
     if rows.num_rows != expected:
         raise CorruptFileError(path, f"truncated data block: {rows.num_rows} of {expected} rows")
-    return meta["metatable.instant"], rows
+    return instant, rows
 
 
 def _read_arrow(arrow: bytes, crc: int, names: list[str], path: str) -> pa.Table:

@@ -116,3 +116,19 @@ def test_a_flipped_bit_anywhere_in_an_arrow_block_never_reads_wrong_rows(tmp_pat
         assert read_data_log(LocalStorage(), path, SCHEMA)[1].equals(MANY)
     except CorruptFileError as e:
         assert e.path == path
+
+
+def test_every_byte_of_an_arrow_blocks_header_flipped_never_reads_wrong_rows(tmp_path):
+    """The Avro header (schema, metadata, sync marker) has no checksum of its own; each byte flipped in turn
+    (a flipped metadata key once escaped as a KeyError)."""
+    path = str(tmp_path / "log")
+    write_data_log(LocalStorage(), path, "20240101000000000", MANY, "arrow", "zstd")
+    original = open(path, "rb").read()
+    for position in range(original.index(b"ARROW1")):
+        data = bytearray(original)
+        data[position] ^= 1 << (position % 8)
+        open(path, "wb").write(bytes(data))
+        try:
+            assert read_data_log(LocalStorage(), path, SCHEMA)[1].equals(MANY), position
+        except CorruptFileError as e:
+            assert e.path == path
