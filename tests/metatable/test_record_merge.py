@@ -1,11 +1,13 @@
 """The merge of a file slice's versions against a plain model of the merge rules (docs: Merge rules)."""
 from __future__ import annotations
 
+from random import Random
+
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metatable.record_merge import merge_versions, newest_versions
+from metatable.record_merge import insertion_points, into_sorted, merge_versions, newest_versions
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
 
 SCHEMA = pa.schema([(KEY_COLUMN, pa.string()), ("ts", pa.int64()), ("v", pa.string())])
@@ -36,11 +38,14 @@ def model(parts: list[dict[str, dict]], ordering: str | None) -> dict[str, tuple
     return out
 
 
-def as_tables(parts: list[dict[str, dict]]) -> list[pa.Table]:
-    """The first part as a base file (no deleted flag, live rows only, sorted), the rest as log blocks."""
+def as_tables(parts: list[dict[str, dict]], shuffle: Random | None = None) -> list[pa.Table]:
+    """The first part as a base file (no deleted flag, live rows only, sorted), the rest as log blocks (in
+    key order, or shuffled)."""
     tables = []
     for i, p in enumerate(parts):
         rows = [{KEY_COLUMN: k, **r} for k, r in sorted(p.items())]
+        if i and shuffle:
+            shuffle.shuffle(rows)
         if i == 0:
             rows = [{c: r[c] for c in SCHEMA.names} for r in rows if not r[DELETED_COLUMN]]
             tables.append(pa.Table.from_pylist(rows, schema=SCHEMA))
@@ -49,15 +54,17 @@ def as_tables(parts: list[dict[str, dict]]) -> list[pa.Table]:
     return tables
 
 
-@settings(max_examples=300, deadline=None)
-@given(parts=st.lists(part, min_size=1, max_size=4), ordered=st.booleans())
-def test_merge_equals_the_model(parts, ordered):
+@settings(max_examples=400, deadline=None)
+@given(parts=st.lists(part, min_size=1, max_size=4), ordered=st.booleans(), shuffle=st.none() | st.randoms())
+def test_merge_equals_the_model(parts, ordered, shuffle):
     parts[0] = {k: {**r, DELETED_COLUMN: False} for k, r in parts[0].items()}  # a base holds no deletes
     ordering = "ts" if ordered else None
-    merged = merge_versions(as_tables(parts), ordering, SCHEMA)
+    merged = merge_versions(as_tables(parts, shuffle), ordering, SCHEMA)
     got = {r[KEY_COLUMN]: (r["ts"], r["v"]) for r in merged.to_pylist()}
     assert merged.num_rows == len(got), "one row per key"
     assert got == model(parts, ordering)
+    if parts[0]:  # merged onto a base file, rows come in key order, as a base file must be written
+        assert merged[KEY_COLUMN].to_pylist() == sorted(got)
 
 
 def test_newest_versions_leaves_deletes_and_repeated_keys_to_the_general_merge():
@@ -72,3 +79,21 @@ def test_newest_versions_leaves_deletes_and_repeated_keys_to_the_general_merge()
     newest = newest_versions([base, updates], SCHEMA)
     assert sorted(newest.to_pylist(), key=lambda r: r[KEY_COLUMN]) == [
         {KEY_COLUMN: "a", "ts": 1, "v": "x"}, {KEY_COLUMN: "b", "ts": 0, "v": "z"}, {KEY_COLUMN: "c", "ts": 0, "v": "w"}]
+
+
+@settings(max_examples=200, deadline=None)
+@given(sorted_keys=st.lists(st.text(max_size=4), unique=True), keys=st.lists(st.text(max_size=4), unique=True))
+def test_insertion_points_count_the_keys_before(sorted_keys, keys):
+    sorted_keys = sorted(sorted_keys, key=lambda k: k.encode())  # Arrow compares strings byte by byte
+    keys = [k for k in keys if k not in set(sorted_keys)]
+    got = insertion_points(pa.array(sorted_keys, pa.string()), pa.array(keys, pa.string()))
+    assert got.tolist() == [sum(s.encode() < k.encode() for s in sorted_keys) for k in keys]
+
+
+def test_into_sorted_replaces_in_place_and_inserts_in_key_order():
+    base = pa.table({KEY_COLUMN: ["b", "d", "f"], "ts": [1, 1, 1], "v": ["b0", "d0", "f0"]}, schema=SCHEMA)
+    newer = pa.table({KEY_COLUMN: ["g", "e", "f", "a", "c", "ea", "b"], "ts": [2] * 7,
+                      "v": ["g1", "e1", "f1", "a1", "c1", "ea1", "b1"]}, schema=SCHEMA)
+    merged = into_sorted(base, newer)
+    assert merged[KEY_COLUMN].to_pylist() == ["a", "b", "c", "d", "e", "ea", "f", "g"]
+    assert merged["v"].to_pylist() == ["a1", "b1", "c1", "d0", "e1", "ea1", "f1", "g1"]
