@@ -102,7 +102,7 @@ def newest_versions(parts: Sequence[pa.Table], schema: pa.Schema) -> pa.Table | 
         return None
     keys = [p[KEY_COLUMN].combine_chunks() for p in parts]
     ascending = _ascending(keys[0])
-    if not (ascending or _unique(keys[0])) or not all(_unique(k) for k in keys[1:]):
+    if not (ascending or _distinct(keys[0])) or not all(_ascending(k) or _distinct(k) for k in keys[1:]):
         return None
     first = _conform(parts[0], schema)
     if len(parts) == 1:
@@ -157,6 +157,6 @@ def _ascending(keys: pa.Array) -> bool:
     return len(keys) < 2 or pc.all(pc.less(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py()
 
 
-def _unique(keys: pa.Array) -> bool:
-    """Whether no key repeats: strictly ascending keys pass at once, others are hashed."""
-    return _ascending(keys) or pc.count_distinct(keys).as_py() == len(keys)
+def _distinct(keys: pa.Array) -> bool:
+    """Whether no key repeats, by hashing them (where they do not ascend)."""
+    return pc.count_distinct(keys).as_py() == len(keys)
