@@ -99,21 +99,18 @@ def newest_versions(parts: Sequence[pa.Table], schema: pa.Schema) -> pa.Table | 
         return schema.empty_table()
     if any(DELETED_COLUMN in p.column_names and pc.any(p[DELETED_COLUMN]).as_py() for p in parts):
         return None
-    if not all(_unique(p[KEY_COLUMN]) for p in parts):
+    keys = [p[KEY_COLUMN].combine_chunks() for p in parts]
+    if not all(_unique(k) for k in keys):
         return None
-    kept: list[pa.Table] = [parts[-1]]
-    newer = [parts[-1][KEY_COLUMN].combine_chunks()]
-    for part in reversed(parts[:-1]):
-        kept.append(part.filter(pc.invert(pc.is_in(part[KEY_COLUMN], value_set=pa.concat_arrays(newer)))))
-        newer.append(part[KEY_COLUMN].combine_chunks())
-    return pa.concat_tables([_conform(p, schema) for p in reversed(kept)])
+    kept = [part.filter(pc.invert(pc.is_in(keys[i], value_set=pa.concat_arrays(keys[i + 1:]))))
+            for i, part in enumerate(parts[:-1])]
+    return pa.concat_tables([_conform(p, schema) for p in [*kept, parts[-1]]])
 
 
-def _unique(keys: pa.ChunkedArray) -> bool:
+def _unique(keys: pa.Array) -> bool:
     """Whether no key repeats: strictly ascending keys (a base file's) are checked in one pass, others hashed."""
     if len(keys) < 2:
         return True
-    keys = keys.combine_chunks()
     if pc.all(pc.less(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py():
         return True
     return pc.count_distinct(keys).as_py() == len(keys)
