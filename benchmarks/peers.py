@@ -14,7 +14,8 @@ hold, so they count rows as upserted instead of inserted or updated. Steps:
 - get_1000: full rows of 1,000 random existing keys, in a fresh process, opening the table included
   (`Table.get`; delta-rs: a filtered read of the key columns' values, then the exact pairs).
 - peak_rss_mb of every step: this process and its children (the JVM and Spark's Python workers); start_rss_mb:
-  what they held when the step began (the floor a step cannot go under).
+  what they held when the step began (the floor a step cannot go under), once their resident memory stopped
+  falling (`PeakRss.settle`: allocators give freed pages back after a step ends, for every system alike).
 
 Every step is verified: counts of the write, then rows read back equal the expected rows. One JSON line per
 measurement, then `ratio` lines (delta-rs time over metatable's for writes and gets: above 1 is faster;
@@ -85,6 +86,7 @@ def emit(**fields) -> None:
 
 
 def measure(system: str, step: str, rows: int, fn) -> object:
+    PeakRss().settle()  # the previous step's freed pages are given back before this one is measured
     with PeakRss() as rss:
         before = rss.peak  # what the processes hold already (a JVM, Python workers, the batch)
         started = time.perf_counter()
