@@ -59,10 +59,11 @@ def build(workdir: str, scale_factor: float, index: mt.IndexConfig) -> mt.Table:
 
 
 def sample_keys(table: mt.Table, n: int, rng: random.Random) -> pa.Table:
-    """n keys, 80% present (uniform over the table's rows, so spread over all its files), 20% absent."""
+    """n keys, 80% present (uniform over the table's rows, so spread over all its files; at most every row of
+    a small table), the rest absent."""
     paths = [base_path(table.context.paths, fs) for fs in table.file_slices().values()]
     sizes = [pq.read_metadata(p).num_rows for p in paths]
-    chosen_rows = sorted(rng.sample(range(sum(sizes)), int(n * 0.8)))
+    chosen_rows = sorted(rng.sample(range(sum(sizes)), min(int(n * 0.8), sum(sizes))))
     present, start, cursor = [], 0, 0
     for path, size in zip(paths, sizes):
         local = []

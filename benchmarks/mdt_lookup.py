@@ -12,15 +12,14 @@ import random
 import shutil
 import sys
 import tempfile
-import threading
 import time
-
-import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from indexes.keys import column_stats_key, column_stats_prefix  # noqa: E402
 from metatable.metadata_table import MetadataTable  # noqa: E402
+
+from upsert import PeakRss  # noqa: E402
 
 
 def emit(**fields) -> None:
@@ -30,28 +29,6 @@ def emit(**fields) -> None:
 def stats(column: str, partition: str, file_name: str, lo: int) -> dict:
     return {"file_name": file_name, "column_name": column, "min_value": lo, "max_value": lo + 1000,
             "null_count": 0, "value_count": 5000, "total_size": 40000, "is_deleted": False, "resets": False}
-
-
-class PeakRss:
-    """Samples this process's RSS while running."""
-
-    def __init__(self) -> None:
-        self.proc = psutil.Process()
-        self.start = self.peak = self.proc.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def main() -> None:

@@ -87,13 +87,12 @@ def emit(**fields) -> None:
 
 def measure(system: str, step: str, rows: int, fn) -> object:
     PeakRss().settle()  # the previous step's freed pages are given back before this one is measured
-    with PeakRss() as rss:
-        before = rss.peak  # what the processes hold already (a JVM, Python workers, the batch)
+    with PeakRss() as rss:  # rss.start: what the processes hold already (a JVM, Python workers, the batch)
         started = time.perf_counter()
         result = fn()
         seconds = time.perf_counter() - started
     emit(system=system, step=step, rows=rows, seconds=round(seconds, 3), peak_rss_mb=round(rss.peak / 2**20),
-         start_rss_mb=round(before / 2**20))
+         start_rss_mb=round(rss.start / 2**20))
     return result
 
 

@@ -35,7 +35,7 @@ class PeakRss:
 
     def __init__(self) -> None:
         self.me = psutil.Process()
-        self.peak = 0
+        self.start = self.peak = 0  # what the processes held on entering, and at most while in
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -53,7 +53,7 @@ class PeakRss:
             self.peak = max(self.peak, self._sample())
 
     def __enter__(self) -> PeakRss:
-        self.peak = self._sample()
+        self.start = self.peak = self._sample()
         self._thread.start()
         return self
 

@@ -44,7 +44,7 @@ def generate_lineitem(workdir: str, scale_factor: float) -> str:
     path = os.path.join(out, "lineitem.parquet")
     if not os.path.exists(path):
         tool = shutil.which("tpchgen-cli") or os.path.join(os.path.dirname(sys.executable), "tpchgen-cli")
-        print(f"generating TPC-H lineitem at scale factor {scale_factor:g} ...", flush=True)
+        print(f"generating TPC-H lineitem at scale factor {scale_factor:g} ...", file=sys.stderr, flush=True)
         subprocess.run([tool, "parquet", "-s", f"{scale_factor:g}", "--tables=lineitem", f"--output-dir={out}"],
                        check=True)
     return path

@@ -1,0 +1,72 @@
+"""Every benchmark in `benchmarks/` runs to its end at a tiny scale, its own checks passing.
+
+The benchmarks verify what they measure (counts, rows read back, lookups found) and exit non-zero when a
+check fails; nothing here looks at their times. A benchmark that nobody runs stops working unnoticed: one
+called a function with an argument it no longer took, two sampled more keys than a small table has.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SF = "0.01"
+
+# (script, arguments besides the work directory); Spark-based ones start a JVM of their own
+BENCHMARKS = [
+    ("mdt_lookup.py", ["--keys", "20000", "--lookups", "2000", "--logs", "2", "--log-records", "1000"]),
+    ("log_blocks.py", ["--rows", "500", "--scale-factor", SF, "--repeat", "1"]),
+    ("peers.py", ["--scale-factor", SF, "--systems", "delta,inproc-mor-bucket,inproc-mor-ch,spark-mor-bucket"]),
+    ("bulk_load.py", ["--scale-factors", SF]),
+    ("lookup.py", ["--scale-factor", SF, "--buckets", "2"]),
+    ("clustering.py", ["--scale-factor", SF, "--commits", "5"]),
+    ("resize.py", ["--scale-factor", SF, "--target-mb", "0.5"]),
+    ("indexer.py", ["--scale-factor", SF]),
+    ("upsert.py", ["--scale-factor", SF, "--buckets", "2", "--only", "metatable,delta", "--indexes", "bucket"]),
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """One work directory for all: the generated TPC-H data is made once and shared."""
+    return tmp_path_factory.mktemp("bench-data")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script,args", BENCHMARKS, ids=[b[0].removesuffix(".py") for b in BENCHMARKS])
+def test_benchmark_runs_and_its_checks_pass(script: str, args: list[str], workdir: Path) -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / script), *args]
+    if script != "mdt_lookup.py":  # the one that makes its data in a temporary directory of its own
+        command += ["--workdir", str(workdir)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    assert done.returncode == 0, f"{script} exited with {done.returncode}:\n{done.stderr[-3000:]}"
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    name = script.removesuffix(".py")
+    assert lines and all(line["benchmark"] == name for line in lines), done.stdout[-2000:]
+    measured = [line for line in lines if "seconds" in line or "us_per_key" in line or "read_us_per_row" in line]
+    assert measured, f"{script} printed no measurement:\n{done.stdout[-2000:]}"
+
+
+@pytest.mark.slow
+def test_peers_reports_every_step_of_every_system(workdir: Path) -> None:
+    """The issue-12 benchmark: each system's four steps, each with a ratio to delta-rs's."""
+    systems = ["delta", "inproc-mor-bucket"]
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--scale-factor", SF,
+                           "--systems", ",".join(systems), "--workdir", str(workdir)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    steps = {(line["system"], line["step"]) for line in lines if "seconds" in line}
+    expected_steps = ["bulk_load", "upsert", "upsert_skewed", "get_1000"]
+    assert steps == {(s, step) for s in systems for step in expected_steps}
+    ratios = {line["step"] for line in lines if line.get("ratio") == "delta/metatable seconds"}
+    assert ratios == set(expected_steps)
+    in_process = [line for line in lines if "start_rss_mb" in line]  # the writes (a get runs in a process of its own)
+    assert len(in_process) == 3 * len(systems)
+    assert all(line["start_rss_mb"] <= line["peak_rss_mb"] for line in in_process)
