@@ -3,16 +3,22 @@
 Name: `.<file_id>_<base_instant>.log.<version>_<write_token>`. The Avro header
 carries the block's instant, its kind (records, or a rollback command naming
 the instant it undoes) and its record count; a file whose blocks do not add up
-to that count is truncated. Files are published atomically, so a torn file can
-only be a leftover of a crash; readers skip files of instants that never
-completed and raise CorruptFileError for a completed instant's unreadable file.
+to that count is truncated. It also lists each entry's key and value lengths
+(`metatable.entry_lengths`), so that a reader finds where every entry starts at
+once instead of walking the block's length prefixes one by one; Avro readers
+ignore the key, and files without it are walked. Files are published
+atomically, so a torn file can only be a leftover of a crash; readers skip
+files of instants that never completed and raise CorruptFileError for a
+completed instant's unreadable file.
 """
 from __future__ import annotations
 
+import base64
 import enum
 import io
 import os
 import re
+import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -26,6 +32,7 @@ from .instant import validate_time
 from .schemas import schema
 from .storage import Storage
 
+ENTRY_LENGTHS = "metatable.entry_lengths"  # header key: zlib'd uint32 lengths, key and value of each entry, base64
 _NAME_RE = re.compile(r"^\.(?P<file_id>.+)_(?P<base>\d{17})\.log\.(?P<version>\d+)_(?P<token>[0-9A-Za-z-]+)$")
 
 
@@ -165,11 +172,15 @@ def write_log(storage: Storage, path: str, block: LogBlock) -> None:
             "metatable.count": str(len(block.entries))}
     if block.target_instant:
         meta["metatable.target_instant"] = block.target_instant
+    body = b""
+    if block.entries:
+        entries = block.entries if isinstance(block.entries, Entries) else Entries.of(block.entries)
+        body, lengths = _entries_body(entries)
+        meta[ENTRY_LENGTHS] = base64.b64encode(zlib.compress(lengths.astype("<u4").tobytes(), 1)).decode()
     sync = os.urandom(16)
     buf = io.BytesIO()
     fastavro.writer(buf, schema("log_entry"), [], metadata=meta, codec="null", sync_marker=sync)
     if block.entries:
-        body = _entries_body(block.entries)
         buf.write(b"".join((avro_long(len(block.entries)), avro_long(len(body)), body, sync)))
     storage.write_atomic(path, buf.getvalue())
 
@@ -190,21 +201,25 @@ def avro_long(n: int) -> bytes:
     return bytes(out)
 
 
-def _entries_body(entries: list[tuple[str, bytes]] | Entries) -> bytes:
-    """The Avro encoding of the entries laid end to end: each key's and value's length, then its bytes."""
-    if isinstance(entries, list):
-        entries = Entries.of(entries)
+def _entries_body(entries: Entries) -> tuple[bytes, np.ndarray]:
+    """The Avro encoding of the entries laid end to end (each key's and value's length, then its bytes), and
+    the lengths in that order: key, value, key, value..."""
     keys = entries.keys.cast(pa.binary())
-    parts = [_lengths(keys), keys, _lengths(entries.values), entries.values]
+    key_lengths, value_lengths = _byte_lengths(keys), _byte_lengths(entries.values)
+    parts = [_lengths(key_lengths), keys, _lengths(value_lengths), entries.values]
     joined = pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.binary()))
     offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32, count=len(joined) + 1, offset=4 * joined.offset)
-    return joined.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]]
+    return (joined.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]],
+            np.column_stack([key_lengths, value_lengths]).ravel())
 
 
-def _lengths(values: pa.Array) -> pa.Array:
-    """Each value's length as an Avro long (lengths repeat: each distinct one is encoded once, found by
-    counting, not sorting: `np.unique` of 12M lengths took 1.6 s of an SF 1 record-index commit)."""
-    lengths = pc.binary_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
+def _byte_lengths(values: pa.Array) -> np.ndarray:
+    return pc.binary_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _lengths(lengths: np.ndarray) -> pa.Array:
+    """Each length as an Avro long (lengths repeat: each distinct one is encoded once, found by counting, not
+    sorting: `np.unique` of 12M lengths took 1.6 s of an SF 1 record-index commit)."""
     if not len(lengths):
         return pa.array([], pa.binary())
     distinct = np.flatnonzero(np.bincount(lengths))
@@ -225,7 +240,8 @@ def read_log(storage: Storage, path: str) -> LogBlock:
         fields = [(f["name"], f["type"]) for f in reader.writer_schema["fields"]]
         if fields != [("key", "string"), ("value", "bytes")]:
             raise ValueError(f"entries of {fields}, not (key: string, value: bytes)")
-        parts = [entries_of_block(block.bytes_.getvalue(), block.num_records) for block in reader]
+        lengths = header_lengths(meta.get(ENTRY_LENGTHS))
+        parts = [entries_of_block(block.bytes_.getvalue(), block.num_records, lengths) for block in reader]
         expected = int(meta["metatable.count"])
         kind = BlockKind(meta["metatable.block_kind"])
         instant = meta["metatable.instant"]
@@ -237,10 +253,26 @@ def read_log(storage: Storage, path: str) -> LogBlock:
     return LogBlock(instant, kind, entries, meta.get("metatable.target_instant"))
 
 
-def entries_of_block(body: bytes, count: int) -> Entries:
+def header_lengths(text: str | None) -> np.ndarray | None:
+    """The entry lengths a header lists (`write_log`), None for a file written before it listed them."""
+    if text is None:
+        return None
+    return np.frombuffer(zlib.decompress(base64.b64decode(text, validate=True)), dtype="<u4").astype(np.int64)
+
+
+def entries_of_block(body: bytes, count: int, lengths: np.ndarray | None = None) -> Entries:
     """The `count` (key, value) entries of an Avro data block of `log_entry` records: each is its key's
-    length (a zig-zag varint), the key, the value's length, the value. Only the lengths are read one by one
-    (the walk); the keys and values are gathered with numpy. Raises on a body that is not exactly that."""
+    length (a zig-zag varint), the key, the value's length, the value. Given the lengths the header lists,
+    every entry's place is computed at once and its length prefixes checked against the body; without
+    them the prefixes are read one by one (the walk: 1.1 s for the 1.5M entries of one record-index file
+    group of an SF 1 load, against 0.14 s computed and checked). The keys and values are then gathered with
+    numpy.
+    Raises on a body that is not exactly that."""
+    if lengths is not None:
+        if len(lengths) != 2 * count:
+            raise ValueError(f"the header lists {len(lengths) // 2} entries, the block holds {count}")
+        starts = _checked_starts(np.frombuffer(body, dtype=np.uint8), lengths)
+        return _gathered_entries(body, starts, lengths)
     starts = [0] * (2 * count)
     varints = [0] * (2 * count)  # zig-zag encoded lengths: even, else the body is not entries
     pos = 0
@@ -266,10 +298,34 @@ def entries_of_block(body: bytes, count: int) -> Entries:
     if pos != len(body):
         raise ValueError(f"{len(body) - pos} bytes after the last of {count} entries")
     lengths >>= 1
-    starts = np.array(starts, dtype=np.int64)
+    return _gathered_entries(body, np.array(starts, dtype=np.int64), lengths)
+
+
+def _gathered_entries(body: bytes, starts: np.ndarray, lengths: np.ndarray) -> Entries:
     data = np.frombuffer(body, dtype=np.uint8)
     keys = _gathered(data, starts[0::2], lengths[0::2]).cast(pa.large_string())  # validates UTF-8
     return Entries(keys, _gathered(data, starts[1::2], lengths[1::2]))
+
+
+def _checked_starts(data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Where each key and value starts, given every length: each is preceded by its length as a zig-zag
+    varint of 1-5 bytes (lengths are below 2^31). The body must hold exactly those varints, byte for byte,
+    and those bytes: then the walk would have read the same entries."""
+    zigzag = lengths << 1
+    sizes = 1 + sum((zigzag >= 1 << (7 * k)).astype(np.int64) for k in range(1, 5))
+    ends = np.cumsum(sizes + lengths)
+    prefixes = ends - sizes - lengths
+    covered = int(ends[-1]) if len(ends) else 0
+    if covered != len(data):
+        raise ValueError(f"the header's lengths cover {covered} of {len(data)} body bytes")
+    for k in range(5):
+        wide = np.flatnonzero(sizes > k)
+        if not len(wide):
+            break
+        expected = ((zigzag[wide] >> (7 * k)) & 0x7F) | np.where(sizes[wide] > k + 1, 0x80, 0)
+        if not np.array_equal(data[prefixes[wide] + k], expected):
+            raise ValueError("the body's length prefixes differ from the lengths the header lists")
+    return prefixes + sizes
 
 
 def _gathered(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.LargeBinaryArray:

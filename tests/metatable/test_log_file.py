@@ -1,11 +1,15 @@
+import base64
 import io
+import zlib
 
 import fastavro
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from metatable.errors import CorruptFileError
-from metatable.log_file import BlockKind, LogBlock, entries_of_block, read_log, write_log
+from metatable.log_file import ENTRY_LENGTHS, BlockKind, LogBlock, avro_long, entries_of_block, read_log, write_log
+from metatable.schemas import schema
 from metatable.storage import LocalStorage
 
 S = LocalStorage()
@@ -88,3 +92,54 @@ def test_garbage(tmp_path):
     open(path, "wb").write(b"\x00garbage" * 100)
     with pytest.raises(CorruptFileError, match=str(path)):
         read_log(S, path)
+
+
+def rewritten(path, entry_lengths):
+    """The same file with the header's entry lengths replaced (None: as a writer that did not list them, as
+    before they were, would have written it)."""
+    with open(path, "rb") as f:
+        reader = fastavro.block_reader(f)
+        meta = {k: v for k, v in reader.metadata.items() if k != ENTRY_LENGTHS and not k.startswith("avro.")}
+        (data_block,) = list(reader)
+        body, count = data_block.bytes_.getvalue(), data_block.num_records
+    if entry_lengths is not None:
+        meta[ENTRY_LENGTHS] = base64.b64encode(zlib.compress(np.array(entry_lengths, dtype="<u4").tobytes())).decode()
+    sync = b"s" * 16
+    buf = io.BytesIO()
+    fastavro.writer(buf, schema("log_entry"), [], metadata=meta, codec="null", sync_marker=sync)
+    buf.write(b"".join((avro_long(count), avro_long(len(body)), body, sync)))
+    with open(path, "wb") as f:
+        f.write(buf.getvalue())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=80), st.binary(max_size=20000)), max_size=30))
+def test_computed_places_equal_the_walk(tmp_path_factory, entries):
+    """Entries placed from the header's lengths read as the walk reads them, for every varint width."""
+    path = written(tmp_path_factory.mktemp("log"), entries)
+    computed = read_log(S, path).entries.pairs()
+    if entries:
+        rewritten(path, None)
+    assert computed == read_log(S, path).entries.pairs() == entries
+
+
+def test_a_file_without_the_lengths_is_walked(tmp_path):
+    path = written(tmp_path, block().entries)
+    rewritten(path, None)
+    with open(path, "rb") as f:
+        assert ENTRY_LENGTHS not in fastavro.block_reader(f).metadata
+    assert read_log(S, path).entries.pairs() == block().entries
+
+
+@pytest.mark.parametrize("lengths,damage", [
+    ([5, 30] * 99, "lists 99 entries, the block holds 100"),
+    ([5, 30] * 99 + [5, 29], "cover 3699 of 3700 body bytes"),
+    ([6, 29] + [5, 30] * 99, "prefixes differ"),  # the same total, split elsewhere
+])
+def test_lengths_that_do_not_fit_the_body_are_named(tmp_path, lengths, damage):
+    path = written(tmp_path, block().entries)  # 100 keys of 5 bytes, values of 30
+    assert read_log(S, path).entries.pairs() == block().entries
+    rewritten(path, lengths)
+    with pytest.raises(CorruptFileError, match=damage) as error:
+        read_log(S, path)
+    assert path in str(error.value)
