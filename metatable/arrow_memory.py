@@ -46,8 +46,8 @@ def write_memory() -> Iterator[None]:
     for reuse, and after an SF 1 load from a Parquet path the process stayed at 2.0 GB RSS (0 bytes
     allocated) until they were returned, 0.2 GB after. A Spark worker that kept them would hold them into
     the next write. That was mimalloc's; Arrow's jemalloc (the write pool) gives its pages back from a
-    background thread over ~1 s whatever this call does (an SF 1 load into 7 file groups: 1.0 GB resident
-    when it returned, 0.26 GB 1.1 s later, with or without the call)."""
+    background thread over the next ~1 s, and this call does not hurry it (an SF 1 load into 7 file groups:
+    1.0 GB resident when it returned, the call made; the same after calling it again; 0.26 GB 1.1 s later)."""
     global _writes, _restore
     with _lock:
         if _writes == 0:
