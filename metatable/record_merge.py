@@ -102,7 +102,9 @@ def newest_versions(parts: Sequence[pa.Table], schema: pa.Schema) -> pa.Table | 
     keys = [p[KEY_COLUMN].combine_chunks() for p in parts]
     if not all(_unique(k) for k in keys):
         return None
-    kept = [part.filter(pc.invert(pc.is_in(keys[i], value_set=pa.concat_arrays(keys[i + 1:]))))
+    every = pa.concat_arrays(keys)  # the keys of the parts after part i are one slice of it, not a copy
+    ends = np.cumsum([len(k) for k in keys])
+    kept = [part.filter(pc.invert(pc.is_in(keys[i], value_set=every.slice(int(ends[i])))))
             for i, part in enumerate(parts[:-1])]
     return pa.concat_tables([_conform(p, schema) for p in [*kept, parts[-1]]])
 
