@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/clustering.py --scale-factor $(BENCH_SF)
 	$(PY) benchmarks/resize.py --scale-factor $(BENCH_SF)
 	$(PY) benchmarks/indexer.py --scale-factor $(BENCH_SF)
+	$(PY) benchmarks/chaos.py
 
 clean:
 	rm -rf $(VENV) demo-data bench-data

@@ -23,9 +23,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from metatable.data_log import read_data_log, write_data_log  # noqa: E402
+from metatable.formats.data_log import read_data_log, write_data_log
 from metatable.demo import generate_lineitem  # noqa: E402
-from metatable.storage import LocalStorage  # noqa: E402
+from metatable.storage.local import LocalStorage
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN, normalize_schema  # noqa: E402
 
 ENCODINGS = [("avro", "snappy"), ("parquet", "snappy"), ("arrow", "zstd"), ("arrow", "lz4"), ("arrow", "none")]

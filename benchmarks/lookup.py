@@ -28,9 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import metatable as mt  # noqa: E402
 from metatable.demo import KEY, generate_lineitem  # noqa: E402
-from metatable.key_pages import key_pages  # noqa: E402
-from metatable.slice_reader import base_path  # noqa: E402
-from metatable.spark_engine import arrow_schema_of  # noqa: E402
+from metatable.formats.key_pages import key_pages
+from metatable.file_group.slice_reader import base_path
+from metatable.spark.session import arrow_schema_of
 
 
 ROUNDS = 7
@@ -83,7 +83,7 @@ def sample_keys(table: mt.Table, n: int, rng: random.Random) -> pa.Table:
 def full_scan(table: mt.Table, keys: pa.Table) -> tuple[int, int, int]:
     """(keys found, files read, bytes read): every base file's key column, probed for the keys."""
     from indexes.arrow_keys import record_keys
-    from metatable.slice_reader import key_column, members
+    from metatable.file_group.slice_reader import key_column, members
 
     wanted = record_keys(keys, KEY)
     found = files = read = 0

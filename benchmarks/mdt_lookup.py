@@ -17,7 +17,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from indexes.keys import column_stats_key, column_stats_prefix  # noqa: E402
-from metatable.metadata_table import MetadataTable  # noqa: E402
+from metatable.metadata.table import MetadataTable
 
 from upsert import PeakRss  # noqa: E402
 

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import metatable as mt  # noqa: E402
 from metatable.demo import KEY, generate_lineitem  # noqa: E402
-from metatable.spark_engine import arrow_schema_of  # noqa: E402
+from metatable.spark.session import arrow_schema_of
 
 
 class PeakRss:

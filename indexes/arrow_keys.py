@@ -13,6 +13,7 @@ from . import murmur3
 from .keys import NON_PARTITIONED
 
 NULL_PARTITION = "__null__"
+MAX_SEGMENT_BYTES = 255  # a file name's limit on ext4, xfs, btrfs and tmpfs
 
 
 def _as_text(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -59,9 +60,24 @@ def record_keys(table: pa.Table, fields: Sequence[str]) -> pa.ChunkedArray:
 
 
 def _escape(text: pa.ChunkedArray) -> pa.ChunkedArray:
-    for char, code in (("%", "%25"), ("/", "%2F"), ("=", "%3D")):
+    """A value as a path segment: `%`, `/`, `=` and NUL percent-encoded, and the string that names a null
+    (`NULL_PARTITION`) with its first character encoded, so that no value shares a null's partition."""
+    for char, code in (("%", "%25"), ("/", "%2F"), ("=", "%3D"), ("\0", "%00")):
         text = pc.replace_substring(text, char, code)
-    return text
+    return pc.if_else(pc.equal(text, NULL_PARTITION), "%5F" + NULL_PARTITION[1:], text)
+
+
+def _check_lengths(name: str, texts: pa.Array) -> None:
+    """Every `name=value` segment fits a file name (NAME_MAX of common file systems), so a bad value is refused
+    before anything is written under it."""
+    lengths = pc.binary_length(pc.cast(texts, pa.binary())).to_numpy(zero_copy_only=False)
+    longest = int(lengths.max(initial=0)) + len(name.encode()) + 1
+    if longest > MAX_SEGMENT_BYTES:
+        value = texts[int(lengths.argmax())].as_py()
+        raise InvalidInputError(f"a value of partition column {name!r} is too long for a path: {name}={value[:40]}... "
+                                f"is {longest} bytes, and a partition directory name may have at most "
+                                f"{MAX_SEGMENT_BYTES}; nothing was written. Partition by a shorter column (or a "
+                                "hash or prefix of this one)")
 
 
 def encoded_partition_paths(table: pa.Table, fields: Sequence[str]) -> pa.DictionaryArray:
@@ -80,6 +96,7 @@ def encoded_partition_paths(table: pa.Table, fields: Sequence[str]) -> pa.Dictio
         # the text of each distinct value (null is one), not of each row: 0.1 s for 6M rows against 0.7 s
         encoded = pc.dictionary_encode(table[name], null_encoding="encode").combine_chunks()
         texts.append(pc.fill_null(_escape(_as_text(encoded.dictionary)), NULL_PARTITION))
+        _check_lengths(name, texts[-1])
         values = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         size = len(encoded.dictionary)
         if not positions:

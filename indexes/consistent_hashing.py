@@ -303,6 +303,8 @@ class ConsistentHashingAssigner:
                                        else partitions).combine_chunks()
         codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         rings = [self.plan.ring(p) for p in encoded.dictionary.to_pylist()]
+        if not rings:  # no keys
+            return pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
         values = np.concatenate([code * SPAN + ring.values for code, ring in enumerate(rings)])
         ends = np.cumsum([ring.num_buckets for ring in rings])
         starts = ends - [ring.num_buckets for ring in rings]

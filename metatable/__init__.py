@@ -8,11 +8,11 @@ from typing import Any
 
 _EXPORTS = {
     "IndexConfig": "metatable.table_config",
-    "MetadataTable": "metatable.metadata_table",
+    "MetadataTable": "metatable.metadata.table",
     "MetatableError": "metatable.errors",
     "StreamSink": "metatable.spark_source",
     "Table": "metatable.table",
-    "Txn": "metatable.write_client",
+    "Txn": "metatable.write.write_client",
     "WriteResult": "metatable.table",
     "register": "metatable.spark_source",
     "spark_session": "metatable.spark_source",

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
-WRITE_POOL = "jemalloc"  # also what Spark's Python workers are started with (spark_engine.spark_session)
+WRITE_POOL = "jemalloc"  # also what Spark's Python workers are started with (spark.session.spark_session)
 
 _lock = threading.Lock()
 _writes = 0  # writes in progress in this process: the first switches the pool, the last restores it

@@ -15,18 +15,18 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 
-from . import config
-from .errors import CorruptFileError, InvalidInputError, MetatableError, TableNotFoundError
-from .instant import Action
-from .metadata_table import MetadataTable
-from .paths import TablePaths
-from .rebuild import restore_properties
-from .slice_reader import read_slice
-from .storage import LocalStorage
-from .table import Table
-from .table_config import BUCKET_ENGINES, INDEX_SCOPES, INDEX_TYPES, METADATA_INDEXES, TABLE_TYPES, IndexConfig
-from .timeline import Timeline
-from .write_input import is_dataset, pyarrow_dataset
+from metatable import config
+from metatable.errors import CorruptFileError, InvalidInputError, MetatableError, TableNotFoundError
+from metatable.file_group.slice_reader import read_slice
+from metatable.metadata.table import MetadataTable
+from metatable.services.rebuild import restore_properties
+from metatable.storage.local import LocalStorage
+from metatable.storage.paths import TablePaths
+from metatable.table import Table
+from metatable.table_config import BUCKET_ENGINES, INDEX_SCOPES, INDEX_TYPES, METADATA_INDEXES, TABLE_TYPES, IndexConfig
+from metatable.timeline.instant import Action
+from metatable.timeline.timeline import Timeline
+from metatable.write.write_input import is_dataset, pyarrow_dataset
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -161,7 +161,7 @@ def cmd_fsck(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .demo import run_demo
+    from metatable.demo import run_demo
 
     run_demo(args.workdir, args.scale_factor, args.buckets)
 
@@ -237,7 +237,7 @@ def _write(args: argparse.Namespace, operation: str) -> None:
     table = Table.open(args.path, options=parse_options(args.option))
     data: Any = read_input(args.file, args.format, table.config.schema)
     if args.spark:
-        from .spark_engine import spark_session
+        from metatable.spark.session import spark_session
         spark = spark_session()
         data = spark.read.parquet(args.file) if is_dataset(data) else spark.createDataFrame(
             data if isinstance(data, pa.Table) else data.read_all())
@@ -373,7 +373,7 @@ def cmd_cluster_run(args: argparse.Namespace) -> None:
 def local_spark(wanted: bool) -> Any:
     if not wanted:
         return None
-    from .spark_engine import spark_session
+    from metatable.spark.session import spark_session
     return spark_session()
 
 
@@ -528,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[verbose], help=text)
         p.add_argument("path", help="the table's directory")
         p.set_defaults(func=func)
-    p = sub.add_parser("rollback", parents=[verbose], help="recover from dead processes: roll back their writes, reset their services "
+    p = sub.add_parser("rollback", parents=[verbose], help="recover from dead processes: roll back their writes and clusterings, reset their other services "
                                                           "(they run again), finish their cleans; or one --instant")
     p.add_argument("path", help="the table's directory")
     p.add_argument("--instant", help="this instant only (default: every failed write whose writer is gone)")

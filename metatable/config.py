@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .errors import ConfigError
+from metatable.errors import ConfigError
 
 THREADS = os.cpu_count() or 2  # threads of an in-process write or get: the Arrow work they do releases the GIL
 
@@ -85,7 +85,20 @@ OPTIONS: dict[str, Option] = {
                "target bytes of a Parquet data page before compression: a key lookup reads one page of the key "
                "column, so small pages make lookups cheap (docs/design-notes.md)", minimum=1 << 10),
         Option("compaction.inline_every", int, 0,
-               "merge-on-read: compact after every N deltacommits (0: only when asked)", minimum=0),
+               "merge-on-read: compact every file group that has logs after every N deltacommits (0: never; the "
+               "log triggers below compact only the file groups that need it)", minimum=0),
+        Option("compaction.trigger.log_count", int, 5,
+               "merge-on-read: a file group whose latest slice has this many logs is compacted after the commit "
+               "that wrote its last one (0: no count trigger). Measured (docs/design-notes.md): each log costs a "
+               "full read ~4 ms per 10 file groups and compacting a group ~5 ms, so 5 keeps reads within ~4x of a "
+               "compacted table's for ~1 ms per group per commit", minimum=0),
+        Option("compaction.trigger.log_bytes", int, 32 << 20,
+               "merge-on-read: ... or whose logs hold this many bytes (0: no byte trigger)", minimum=0),
+        Option("compaction.mode", str, "inline",
+               "what a log trigger does: 'inline' compacts the file groups right after the commit, in the "
+               "writer's process; 'schedule' plans the compaction for another process (`metatable compact`, "
+               "`Table.run_compaction`), so writers never spend the time; 'off' does neither",
+               choices=("inline", "schedule", "off")),
         Option("clean.retain_commits", int, 10,
                "clean keeps every file slice that the last N completed commits can read", minimum=1),
         Option("clean.inline", bool, True, "clean after each commit"),
@@ -150,6 +163,12 @@ OPTIONS: dict[str, Option] = {
         Option("write.shuffle_partitions", int, 0,
                "Spark tasks of a write's shuffle, and of each stage of a write that reads Parquet files itself "
                "(0: Spark's default parallelism, one task per core)", minimum=0),
+        Option("write.conflict_retries", int, 5,
+               "a write that loses to a concurrent one (a ConflictError: it committed first to the same file groups, "
+               "or stored the same new key) runs again, up to this many times, from a new snapshot, before the "
+               "error reaches the caller; a ClusteringConflict and a write from a RecordBatchReader (read once) are "
+               "not retried. In the chaos run (benchmarks/chaos.py, 3 writers on overlapping keys) copy-on-write "
+               "writers failed 43% of their writes without it", minimum=0),
         Option("write.count_updates", bool, True,
                "an upsert tells inserted rows from updated ones; on a merge-on-read table with a bucket index that "
                "means reading the keys of every file group it writes to, half of an SF 1 upsert's time and 3/4 of "

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .table import Table
-from .table_config import IndexConfig
+from metatable.table import Table
+from metatable.table_config import IndexConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def generate_lineitem(workdir: str, scale_factor: float) -> str:
 def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[Step]:
     from pyspark.sql import functions as F
 
-    from .spark_engine import arrow_schema_of, spark_session
+    from metatable.spark.session import arrow_schema_of, spark_session
 
     os.makedirs(workdir, exist_ok=True)
     source = generate_lineitem(workdir, scale_factor)
@@ -188,7 +188,7 @@ def resize_demo(lineitem, batch, doomed, verify, timed, workdir: str, total: int
     """A consistent-hashing table outgrows its 2 buckets per partition and is resized (in another process)
     while the upsert batch is written; after the same deletes, `verify` checks it against the same expected
     rows as the first table."""
-    from .spark_engine import arrow_schema_of
+    from metatable.spark.session import arrow_schema_of
 
     root = os.path.join(workdir, "lineitem_consistent_hashing")
     shutil.rmtree(root, ignore_errors=True)

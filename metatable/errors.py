@@ -1,6 +1,7 @@
 """One root error class and a small hierarchy; every message names the problem and what to do."""
 from __future__ import annotations
 
+import errno
 import os
 import re
 from contextlib import contextmanager
@@ -115,6 +116,39 @@ class TimelineError(MetatableError):
 
 class RollbackError(MetatableError):
     """An instant that cannot be rolled back (already compacted, unknown...)."""
+
+
+class SnapshotExpiredError(InvalidInputError):
+    """A read as of a time whose files clean has removed (or before the table's first commit): the message says
+    which times are still readable."""
+
+
+class StorageError(MetatableError):
+    """The storage refused a write: a read-only file system, no permission, or no space left. Nothing of the
+    operation that met it is visible; reads of the table still work."""
+
+
+STORAGE_ADVICE = {
+    errno.EROFS: "the file system is mounted read-only: reads work; writes and table services need it writable",
+    errno.EACCES: "this process may not write there: reads work; writes and table services need write access",
+    errno.EPERM: "this process may not write there: reads work; writes and table services need write access",
+    errno.ENOSPC: "the disk is full: free space and retry (`metatable rollback TABLE` then removes what the "
+                  "failed operation left)",
+    errno.EDQUOT: "the disk quota is used up: free space and retry (`metatable rollback TABLE` then removes what "
+                  "the failed operation left)",
+}
+
+
+@contextmanager
+def storage_errors(what: str) -> Iterator[None]:
+    """Around an operation on a table: the OS refusing a write becomes a StorageError that says what to do."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, MetatableError) or e.errno not in STORAGE_ADVICE:
+            raise
+        raise StorageError(f"{what} failed: cannot write {e.filename or 'to the table'}: {e.strerror}; "
+                           f"{STORAGE_ADVICE[e.errno]}. Nothing of it is visible") from e
 
 
 class IndexingAborted(MetatableError):

@@ -21,25 +21,26 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader, EqualTo, Filter,
                                     GreaterThan, GreaterThanOrEqual, In, InputPartition, LessThan,
                                     LessThanOrEqual, Not, WriterCommitMessage)
 from pyspark.sql.types import StructType
 
-from . import reads
-from .errors import ConfigError, InvalidInputError
-from .executors import ship_packages
-from .faults import crash_point
-from .file_slice import FileSlice
-from .paths import TablePaths
-from .scan_filter import Conjunct, row_mask
-from .slice_reader import read_slice
-from .spark_engine import spark_session as local_session, to_spark_schema
-from .storage import LocalStorage
-from .table import Table
-from .table_config import IndexConfig
-from .write_client import Txn
+from metatable.errors import ConfigError, InvalidInputError
+from metatable.faults import crash_point
+from metatable.file_group.file_slice import FileSlice
+from metatable.file_group.slice_reader import read_slice
+from metatable.read import reads
+from metatable.read.scan_filter import Conjunct, row_mask
+from metatable.spark.executors import ship_packages
+from metatable.spark.session import spark_session as local_session, to_spark_schema
+from metatable.storage.local import LocalStorage
+from metatable.storage.paths import TablePaths
+from metatable.table import Table
+from metatable.table_config import IndexConfig
+from metatable.write.write_client import Txn
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,8 @@ def register(spark: Any) -> None:
 
 
 def spark_session(master: str = "local[2]", **conf: Any) -> Any:
-    """`spark_engine.spark_session` with `format("metatable")` registered; on a cluster whose executors
-    cannot import the project, its packages are shipped to them (`executors.ship_packages`, logged)."""
+    """`spark.session.spark_session` with `format("metatable")` registered; on a cluster whose executors
+    cannot import the project, its packages are shipped to them (`spark.executors.ship_packages`, logged)."""
     spark = local_session(master, **conf)
     register(spark)
     ship_packages(spark)
@@ -86,7 +87,10 @@ class MetatableDataSource(DataSource):
         operation = self.options.get("operation", "upsert")
         if operation not in OPERATIONS:
             raise ConfigError(f"option operation={operation!r} is not one of {list(OPERATIONS)}")
-        return StagedWriter(os.path.abspath(path), operation, dict(self.options), schema)
+        path = os.path.abspath(path)
+        existing = Table.open(path).config.schema if LocalStorage().exists(TablePaths(path).table_config) else None
+        wall_clock = [f.name for f in existing or () if pa.types.is_timestamp(f.type) and f.type.tz is None]
+        return StagedWriter(path, operation, dict(self.options), wall_clock)
 
     def _path(self, allowed: set[str]) -> str:
         unknown = sorted(set(self.options) - allowed)
@@ -178,23 +182,36 @@ class Staged(WriterCommitMessage):
 
 
 class StagedWriter(DataSourceArrowWriter):
-    def __init__(self, path: str, operation: str, options: dict[str, str], schema: StructType) -> None:
+    def __init__(self, path: str, operation: str, options: dict[str, str], wall_clock: list[str]) -> None:
         self.path = path
         self.operation = operation
         self.options = options
         self.staging = TablePaths(path).source_staging(uuid.uuid4().hex)
+        self.wall_clock = wall_clock  # the table's timestamp columns without a time zone
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
-        first = next(iterator, None)
+        batches = map(self._as_declared, iterator)
+        first = next(batches, None)
         if first is None:
             return Staged(None)
         os.makedirs(self.staging, exist_ok=True)
         target = os.path.join(self.staging, f"{uuid.uuid4().hex}.arrow")
         with pa.OSFile(target, "wb") as sink, pa.ipc.new_file(sink, first.schema) as out:
             out.write_batch(first)
-            for batch in iterator:
+            for batch in batches:
                 out.write_batch(batch)
         return Staged(target)
+
+    def _as_declared(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Spark 4.0 declares a DataFrame's `timestamp_ntz` columns to a Python writer as `timestamp` and hands
+        them over as instants in the session's time zone that show the wall-clock value there. A table column
+        without a zone takes that wall-clock value, as Spark's own cast of a `timestamp` to `timestamp_ntz`
+        does. (A table this write creates has zoned timestamps: the DataFrame's own types are lost.)"""
+        for name in self.wall_clock:
+            i = batch.schema.get_field_index(name)
+            if batch.schema.field(i).type.tz is not None:
+                batch = batch.set_column(i, name, pc.local_timestamp(batch.column(i)))
+        return batch
 
     def commit(self, messages: list[Staged | None]) -> None:
         try:

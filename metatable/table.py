@@ -1,31 +1,53 @@
 """`Table`: the facade of a keyed data table. It opens the table's context and delegates.
 
-Writes go through the write client (`write_client`), reads through `reads`, lookups through `key_lookup`,
-services through `compaction`, `clustering` and `clean`, every instant through the shared transaction
-(`transaction`). docs/architecture.md maps the layers.
+Writes go through the write client (`write.write_client`), reads through `read.reads`, lookups through
+`read.key_lookup`, services through `services/`, every instant through the shared transactions
+(`timeline.transaction`). docs/architecture.md maps the layers.
 """
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any, Mapping, Sequence
+import random
+import time
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import pyarrow as pa
 
-from . import clean, clustering, compaction, fsck, indexer, maintenance, reads, rebuild
-from .context import TableContext
-from .errors import InvalidInputError, MetatableError, RollbackError
-from .file_slice import FileSlice
-from .fsck import FsckReport
-from .instant import Action, Instant
-from .key_lookup import get_rows, keys_table, locate
-from .locator import MetadataIndex
-from .rebuild import RebuildReport
-from .scan_filter import Conjunct
-from .storage import Storage
-from .table_config import IndexConfig, TableConfig, as_tuple, normalize_schema
-from .write_client import Txn, WriteClient, WriteResult
+from metatable.commit.context import TableContext
+from metatable.errors import (
+    ClusteringConflict, ConflictError, InvalidInputError, MetatableError, RollbackError, storage_errors)
+from metatable.file_group.file_slice import FileSlice
+from metatable.read import reads
+from metatable.read.key_lookup import get_rows, keys_table, locate
+from metatable.read.locator import MetadataIndex
+from metatable.read.scan_filter import Conjunct
+from metatable.services import clean, clustering, compaction, fsck, indexer, maintenance, rebuild
+from metatable.services.fsck import FsckReport
+from metatable.services.rebuild import RebuildReport
+from metatable.storage.base import Storage
+from metatable.table_config import IndexConfig, TableConfig, as_tuple, normalize_schema
+from metatable.timeline.instant import Action, Instant
+from metatable.write.write_client import Txn, WriteClient, WriteResult
 
 log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def replayable(data: Any) -> bool:
+    """Whether a write's input can be read again: everything but a RecordBatchReader (read once)."""
+    return not isinstance(data, pa.RecordBatchReader)
+
+
+def writes(method: F) -> F:
+    """An operation that writes to the table: the OS refusing a write (read-only, no permission, disk full)
+    is a StorageError that says what to do (`errors.storage_errors`)."""
+    @functools.wraps(method)
+    def wrapped(self: Table, *args: Any, **kwargs: Any) -> Any:
+        with storage_errors(f"{method.__name__} on {self.path}"):
+            return method(self, *args, **kwargs)
+    return wrapped  # type: ignore[return-value]
 
 __all__ = ["Table", "Txn", "WriteResult", "IndexConfig", "MetatableError"]
 
@@ -43,7 +65,7 @@ class Table:
         self.context = TableContext.open(path, storage, self.options, roll_forward={Action.CLEAN: clean.finish})
         self.config = self.context.config
         self.metadata = self.context.metadata
-        self.metadata_index = MetadataIndex(self.metadata, self.config)  # key ranges and bloom filters, cached
+        self.metadata_index = MetadataIndex(self.metadata)  # key ranges and bloom filters, cached
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
@@ -59,7 +81,8 @@ class Table:
                                              "record_index" not in metadata_indexes else ())
         config = TableConfig(normalize_schema(schema), as_tuple(record_key), as_tuple(partition_by), ordering_field,
                              table_type, index, indexes, dict(options or {}))
-        return cls(TableContext.create(path, config, storage), storage=storage)
+        with storage_errors(f"create {path}"):
+            return cls(TableContext.create(path, config, storage), storage=storage)
 
     @classmethod
     def open(cls, path: str, options: Mapping[str, Any] | None = None, storage: Storage | None = None) -> Table:
@@ -70,6 +93,7 @@ class Table:
         return self.context.timeline.instants()
 
     # -- writes -------------------------------------------------------------------------------------
+    @writes
     def upsert(self, data: Any, txn: Txn | None = None) -> WriteResult:
         """Insert new keys, update existing ones (the greatest ordering value wins). `data`: a Spark
         DataFrame, a pyarrow Table, or a stream as for `bulk_insert`. `txn` (application, version), as every
@@ -77,10 +101,12 @@ class Table:
         stream batch lands once; `spark_source.StreamSink`)."""
         return self._write(data, "upsert", txn)
 
+    @writes
     def insert(self, data: Any, txn: Txn | None = None) -> WriteResult:
         """Insert new keys; rows whose key already exists are skipped (counted in `skipped`)."""
         return self._write(data, "insert", txn)
 
+    @writes
     def bulk_insert(self, data: Any, txn: Txn | None = None) -> WriteResult:
         """A load: insert, for data too big to hold. Give a stream (a Parquet path, a `pyarrow.dataset`, a
         `RecordBatchReader`) and it is read in chunks of `write.chunk_rows` and written one file group at a
@@ -89,19 +115,34 @@ class Table:
         is looked up."""
         return self._write(data, "bulk_insert", txn)
 
+    @writes
     def delete(self, keys: Any, txn: Txn | None = None) -> WriteResult:
         """Delete by key: the record key columns (and partition columns, for a partitioned table)."""
         return self._write(keys, "delete", txn)
 
     def _write(self, data: Any, operation: str, txn: Txn | None) -> WriteResult:
         client = WriteClient(self.context, self.metadata_index)
-        result = client.write(data, operation, txn)
-        maintenance.after_commit(self.context, client.action)
+        retries = self.config.options["write.conflict_retries"] if replayable(data) else 0
+        for attempt in range(retries + 1):
+            try:
+                result = client.write(data, operation, txn)
+                break
+            except ClusteringConflict:  # the clustering must complete first: the caller retries after it
+                raise
+            except ConflictError as e:
+                if attempt == retries:
+                    raise
+                log.info("%s on %s lost to a concurrent write (%s); again from a new snapshot", operation,
+                         self.path, e)
+                time.sleep(random.uniform(0.01, 0.05) * 2 ** attempt)  # writers that collided do not again
+        maintenance.after_commit(self.context, client.action, result.instant)
         return result
 
+    @writes
     def rollback(self, instant: str | None = None, force: bool = False) -> dict[str, str]:
         """Recover from dead processes: roll back every pending write whose writer died, reset a service
-        (compaction, clustering, indexing) whose process died so it runs again, finish a dead clean; or roll back
+        (compaction, a resize, indexing) whose process died so it runs again, roll back a dead clustering that
+        writers would wait on, finish a dead clean; or roll back
         the given pending instant (`force`: even if its process still beats). Completed instants stay. Returns
         instant -> what was done."""
         transactions = self.context.transactions
@@ -160,32 +201,39 @@ class Table:
         whatever the write index. With `explain`, returns (result, per-level counts)."""
         if using not in ("index", "metadata"):
             raise InvalidInputError(f"lookup using must be 'index' or 'metadata', got {using!r}")
-        result, report = locate(self.context, self.metadata_index, keys_table(keys), by_metadata=using == "metadata")
+        data = keys_table(keys)
+        result, report = self.context.read_view(
+            lambda view: locate(self.context, self.metadata_index, data, using == "metadata", view))
         return (result, report.as_dict()) if explain else result
 
     def get(self, keys: Any) -> pa.Table:
         """The full rows of the keys that exist, found through the table's index: only the file slices that
         hold them are read. `keys` as for `lookup`."""
-        return get_rows(self.context, self.metadata_index, keys_table(keys))
+        data = keys_table(keys)
+        return self.context.read_view(lambda view: get_rows(self.context, self.metadata_index, data, view))
 
     # -- table services -----------------------------------------------------------------------------
+    @writes
     def compact(self) -> str | None:
         """Merge-on-read: rewrite every file group that has logs as a new base file. Returns the instant."""
         done = compaction.compact(self.context)
         self.metadata.refresh()
         return done
 
+    @writes
     def schedule_compaction(self) -> str | None:
         """Merge-on-read: plan a compaction (a requested instant) for `run_compaction` to execute later;
         writers keep appending logs meanwhile. Returns the instant, None when no file group has logs."""
         return compaction.schedule(self.context)
 
+    @writes
     def run_compaction(self, instant: str | None = None) -> list[str]:
         """Execute the given pending compaction, or all of them; returns the instants completed."""
         done = compaction.run(self.context, instant)
         self.metadata.refresh()
         return done
 
+    @writes
     def schedule_clustering(self, sort_columns: Sequence[str] | None = None,
                             partitions: Sequence[str] | int | None = None, num_buckets: int | None = None) -> str | None:
         """Plan a clustering (a requested replacecommit) of the small file slices of every partition, the given
@@ -193,6 +241,7 @@ class Table:
         `clustering.sort_columns`. Returns the instant, None when nothing qualifies. Writers keep writing."""
         return clustering.schedule(self.context, sort_columns, partitions, num_buckets)
 
+    @writes
     def run_clustering(self, instant: str | None = None, spark: Any = None) -> list[str]:
         """Execute the given pending clustering, or all of them (one Spark task per group when `spark` is
         given, in-process otherwise); returns the instants completed."""
@@ -200,10 +249,12 @@ class Table:
         self.metadata.refresh()
         return done
 
+    @writes
     def cluster(self, sort_columns: Sequence[str] | None = None, partitions: Sequence[str] | int | None = None,
                 num_buckets: int | None = None, spark: Any = None) -> str | None:
-        """Schedule and run a clustering. `num_buckets` on a simple-bucket table changes its bucket count:
-        a multiple of the current count splits each bucket, any other count rewrites each partition."""
+        """Run the clusterings already pending, then schedule and run a new one. `num_buckets` on a
+        simple-bucket table changes its bucket count: a multiple of the current count splits each bucket, any
+        other count rewrites each partition."""
         done = clustering.cluster(self.context, sort_columns, partitions, num_buckets, spark)
         self.metadata.refresh()
         return done
@@ -212,6 +263,7 @@ class Table:
         """Pending and completed clusterings with their groups and bytes, oldest first."""
         return clustering.plans(self.context)
 
+    @writes
     def clean(self) -> str | None:
         """Delete file slices that none of the last `clean.retain_commits` completed instants can read."""
         done = clean.clean(self.context)
@@ -219,6 +271,7 @@ class Table:
         return done
 
     # -- the async indexer ----------------------------------------------------------------------------
+    @writes
     def schedule_indexing(self, partitions: Sequence[str]) -> str:
         """Plan building metadata indexes (`bloom_filter`, `column_stats`, `record_index`) of this table while
         writers keep writing: from now on every commit maintains them. Returns the indexing instant."""
@@ -226,6 +279,7 @@ class Table:
         self._reopen()
         return done
 
+    @writes
     def run_indexing(self, instant: str | None = None, spark: Any = None) -> list[str]:
         """Build the given pending indexing, or all of them; the partitions become ready. Returns the instants
         completed. A write still running at `indexer.catchup_timeout_s` aborts it (IndexingAborted)."""
@@ -234,6 +288,7 @@ class Table:
         finally:
             self._reopen()
 
+    @writes
     def drop_index(self, partition: str) -> list[str]:
         """Stop maintaining a metadata index and delete it (a pending indexing of it is cancelled, and
         returned). Writers are never blocked."""
@@ -249,6 +304,7 @@ class Table:
         """Per metadata index: state, file groups, records, and the instant it is current to."""
         return indexer.status(self.context)
 
+    @writes
     def rebuild_metadata(self) -> RebuildReport:
         """Rebuild the metadata table from the data files and the completed timeline, and swap it in (see
         `rebuild`): what a corrupt or lost metadata file's error asks for."""
@@ -257,6 +313,7 @@ class Table:
         finally:
             self._reopen()
 
+    @writes
     def fsck(self, repair: bool = False) -> FsckReport:
         """Check every file the table references (present, readable, checksums) and the metadata table; with
         `repair`, remove what dead processes left (staging files, markers, spilled input, files of instants that

@@ -9,8 +9,8 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
-from . import config
-from .errors import ConfigError, InvalidInputError
+from metatable import config
+from metatable.errors import ConfigError, InvalidInputError
 
 TABLE_TYPES = ("merge_on_read", "copy_on_write")
 METADATA_INDEXES = ("bloom_filter", "column_stats", "record_index")

@@ -28,6 +28,7 @@ BENCHMARKS = [
     ("resize.py", ["--scale-factor", SF, "--target-mb", "0.5"]),
     ("indexer.py", ["--scale-factor", SF]),
     ("upsert.py", ["--scale-factor", SF, "--buckets", "2", "--only", "metatable,delta", "--indexes", "bucket"]),
+    ("long_life.py", ["--commits", "20", "--every", "10", "--rows", "2000"]),
 ]
 
 

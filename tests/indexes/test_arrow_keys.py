@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from indexes import keys
-from indexes.arrow_keys import (bucket_ids, encoded_partition_paths, hash32_array, pair_groups, partition_paths,
-                                record_keys)
+from indexes.arrow_keys import (
+    bucket_ids, encoded_partition_paths, hash32_array, pair_groups, partition_paths, record_keys)
+
 from metatable.errors import InvalidInputError
 
 texts = st.text(min_size=1, max_size=12)
@@ -37,14 +38,20 @@ def test_partition_paths():
     assert partition_paths(t, []).to_pylist() == [".", "."]
 
 
-@given(st.lists(st.tuples(st.none() | st.integers(0, 3), st.none() | st.sampled_from(["a", "b/c", "="])),
+@given(st.lists(st.tuples(st.none() | st.integers(0, 3),
+                          st.none() | st.sampled_from(["a", "b/c", "=", "__null__", "%5F_null__", "50%", "x\0y"])),
                 max_size=30))
 def test_encoded_partition_paths_name_each_distinct_path_once(rows):
-    """Each row's path is Hive-style (escaped, `__null__` for a null), and the dictionary holds each path once."""
+    """Each row's path is Hive-style (escaped, `__null__` for a null and never for a value), the dictionary
+    holds each path once, and distinct values have distinct paths."""
+    def escaped(value: str) -> str:
+        for char, code in (("%", "%25"), ("/", "%2F"), ("=", "%3D"), ("\0", "%00")):
+            value = value.replace(char, code)
+        return "%5F_null__" if value == "__null__" else value
+
     def path(fields, row):
         values = dict(zip("ys", row))
-        text = [f"{f}=" + ("__null__" if values[f] is None else str(values[f]).replace("/", "%2F").replace("=", "%3D"))
-                for f in fields]
+        text = [f"{f}=" + ("__null__" if values[f] is None else escaped(str(values[f]))) for f in fields]
         return "/".join(text) or "."
 
     table = pa.table({"y": pa.array([r[0] for r in rows], pa.int64()),
@@ -55,6 +62,16 @@ def test_encoded_partition_paths_name_each_distinct_path_once(rows):
         assert encoded.to_pylist() == partition_paths(table, fields).to_pylist() == expected
         used = encoded.dictionary.take(encoded.indices.unique()).to_pylist() if rows else []
         assert sorted(used) == sorted(set(expected))
+    by_path = dict(zip(partition_paths(table, ["s"]).to_pylist(), (r[1] for r in rows)))
+    assert len(by_path) == len({r[1] for r in rows}), "two values share a partition"
+
+
+def test_a_partition_value_too_long_for_a_file_name_is_refused():
+    assert partition_paths(pa.table({"p": ["a" * 253]}), ["p"]).to_pylist() == ["p=" + "a" * 253]
+    with pytest.raises(InvalidInputError, match="too long for a path.*at most 255"):
+        partition_paths(pa.table({"p": ["ok", "a" * 254]}), ["p"])
+    with pytest.raises(InvalidInputError, match="too long"):  # escaping makes it longer: / is 3 bytes
+        partition_paths(pa.table({"p": ["/" * 90]}), ["p"])
 
 
 def test_pair_groups_fixed_vector():

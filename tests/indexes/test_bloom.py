@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from indexes.bloom import BloomFilter, BloomFilterSet, key_hashes, optimal_size
+
 from metatable.errors import CorruptFileError
 
 

@@ -4,6 +4,7 @@ import datetime as dt
 import pytest
 
 from indexes import keys
+
 from metatable.errors import InvalidInputError
 
 VECTORS = [

@@ -4,7 +4,8 @@ from hypothesis import given, strategies as st
 
 from indexes.bloom import BloomFilter, BloomFilterSet
 from indexes.lookup import CandidateFile, Candidates, LevelReport, lookup, range_candidates
-from metatable.slice_reader import members
+
+from metatable.file_group.slice_reader import members
 
 FILES = [CandidateFile("f1"), CandidateFile("f2", "000", "000"), CandidateFile("f3", "001", "003"),
          CandidateFile("f4", "002", "007"), CandidateFile("f5", "009", "010")]

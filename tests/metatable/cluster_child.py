@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 import metatable as mt
-from metatable.spark_engine import arrow_schema_of
+from metatable.spark.session import arrow_schema_of
 
 KEY = ["l_orderkey", "l_linenumber"]
 

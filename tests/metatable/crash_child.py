@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from metatable.metadata_table import MetadataTable
+from metatable.metadata.table import MetadataTable
 
 
 def batch(i: int) -> dict:

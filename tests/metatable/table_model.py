@@ -10,11 +10,12 @@ from hypothesis import strategies as st
 
 from indexes.column_stats import file_column_stats
 from indexes.keys import column_stats_key
-from metatable.instant import Action
-from metatable.log_file import LogFile
+
+from metatable.formats.log_file import LogFile
 from metatable.table import Table
 from metatable.table_config import TableConfig
-from metatable.write_client import WriteResult
+from metatable.timeline.instant import Action
+from metatable.write.write_client import WriteResult
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.string()), ("ts", pa.int64())])
 

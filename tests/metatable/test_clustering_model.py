@@ -13,8 +13,7 @@ from hypothesis import Phase, event, given, settings, strategies as st
 
 import metatable as mt
 from metatable.errors import ClusteringConflict
-from metatable.instant import Action
-from metatable.timeline_view import DATA_ACTIONS, WRITE_ACTIONS
+from metatable.timeline.instant import DATA_ACTIONS, WRITE_ACTIONS, Action
 
 from .table_model import SCHEMA, TableModel, check_metadata, rows_strategy, sort_rows
 from .test_write_concurrency import act, finished

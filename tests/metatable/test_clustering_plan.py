@@ -6,7 +6,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metatable.clustering_plan import Candidate, ClusteringPlan, Limits, SliceRef, plan_groups
+from metatable.formats.clustering_plan import Candidate, ClusteringPlan, Limits, SliceRef, plan_groups
 
 
 def candidates(sizes, partition="p", ranges=None, instants=None):

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import Phase, event, given, settings, strategies as st
 
 import metatable as mt
-from metatable.instant import Action
+from metatable.timeline.instant import Action
 
 from .table_model import SCHEMA, TableModel, check_metadata, rows_strategy, sort_rows
 from .test_write_concurrency import act, finished

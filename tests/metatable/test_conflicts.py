@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from metatable.conflicts import Committer, Concurrent, Outcome, Resolution, check, outcome
+from metatable.commit.conflicts import Committer, Concurrent, Outcome, Resolution, check, outcome
 from metatable.errors import ClusteringConflict, ConflictError
-from metatable.instant import Action, Instant, State
+from metatable.timeline.instant import Action, Instant, State
 
 C, D, X, CL, R = Action.COMMIT, Action.DELTACOMMIT, Action.COMPACTION, Action.CLEAN, Action.REPLACECOMMIT
 NONE, REHOME, CONFLICT, ABORT = Outcome.NONE, Outcome.REHOME, Outcome.CONFLICT, Outcome.ABORT_OTHER

@@ -18,13 +18,14 @@ import pytest
 from hypothesis import Phase, event, given, settings, strategies as st
 
 import metatable as mt
+from avro_schemas import schema
 from indexes.arrow_keys import hash32_array
 from indexes.consistent_hashing import initial_ring
 from indexes.keys import hashing_meta_key
+
 from metatable.errors import ConflictError, InvalidInputError
-from metatable.instant import Action
-from metatable.metadata_table import MetadataTable
-from metatable.schemas import schema
+from metatable.metadata.table import MetadataTable
+from metatable.timeline.instant import Action
 
 from .table_model import SCHEMA, TableModel, check_metadata, rows_strategy, sort_rows
 from .test_clustering import model_of

@@ -17,10 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import metatable as mt
-from metatable import cli
 from metatable.errors import CorruptFileError, MissingFileError, TimelineError
-from metatable.key_pages import key_page_count, key_pages, parquet_footer
-from metatable.row_pages import file_pages
+from metatable.formats.key_pages import key_page_count, key_pages, parquet_footer
+from metatable.formats.row_pages import file_pages
 
 from .table_model import SCHEMA, check_metadata, data_files_on_disk, sort_rows
 

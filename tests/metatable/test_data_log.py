@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import metatable as mt
-from metatable.data_log import read_data_log, write_data_log
 from metatable.errors import CorruptFileError
-from metatable.storage import LocalStorage
+from metatable.formats.data_log import read_data_log, write_data_log
+from metatable.storage.local import LocalStorage
 
 from .table_model import SCHEMA as TABLE_SCHEMA, TableModel, operation_strategy, sort_rows
 

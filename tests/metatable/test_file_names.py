@@ -1,9 +1,9 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from metatable.base_file import BaseFile
 from metatable.errors import InvalidInputError
-from metatable.log_file import LogFile
+from metatable.file_group.base_file import BaseFile
+from metatable.formats.log_file import LogFile
 
 ids = st.from_regex(r"[a-z0-9][a-z0-9_-]{0,20}", fullmatch=True)
 tokens = st.from_regex(r"[A-Za-z0-9-]{1,20}", fullmatch=True)

@@ -24,10 +24,11 @@ import metatable as mt
 from indexes.bloom import BloomFilter
 from indexes.column_stats import file_column_stats
 from indexes.keys import bloom_filter_key, record_index_key
+
 from metatable.errors import IndexingAborted, InvalidInputError
-from metatable.instant import Action
-from metatable.slice_reader import read_slice
+from metatable.file_group.slice_reader import read_slice
 from metatable.table_config import KEY_COLUMN
+from metatable.timeline.instant import Action
 
 from .table_model import SCHEMA
 from .test_write_concurrency import act, child, finished, rows

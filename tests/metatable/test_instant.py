@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from metatable.errors import InvalidInputError
-from metatable.instant import Action, Instant, State, next_time, time_from_datetime
+from metatable.timeline.instant import Action, Instant, State, next_time, time_from_datetime
 
 
 def test_file_names_round_trip():

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metatable.errors import CorruptFileError
-from metatable.key_pages import KEYS_NUL_FREE, key_page_count, key_pages, nul_free_metadata, write_options
-from metatable.slice_reader import base_keys_present, read_base
+from metatable.file_group.slice_reader import base_keys_present, read_base
+from metatable.formats.key_pages import KEYS_NUL_FREE, key_page_count, key_pages, nul_free_metadata, write_options
 from metatable.table_config import KEY_COLUMN
 
 COUNTER = iter(range(10 ** 9))

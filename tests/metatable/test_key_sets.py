@@ -5,7 +5,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metatable.slice_reader import ProbedKeys, SortedKeys, fixed_width
+from metatable.file_group.slice_reader import ProbedKeys, SortedKeys, fixed_width
 
 texts = st.text(alphabet=st.sampled_from("ab:,0é€\U0001f600\x00"), max_size=6)
 

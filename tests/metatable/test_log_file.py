@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from avro_schemas import schema
+
 from metatable.errors import CorruptFileError
-from metatable.log_file import ENTRY_LENGTHS, BlockKind, LogBlock, avro_long, entries_of_block, read_log, write_log
-from metatable.schemas import schema
-from metatable.storage import LocalStorage
+from metatable.formats.log_file import (
+    ENTRY_LENGTHS, BlockKind, LogBlock, avro_long, entries_of_block, read_log, write_log)
+from metatable.storage.local import LocalStorage
 
 S = LocalStorage()
 

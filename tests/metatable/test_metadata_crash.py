@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from metatable.instant import Action
-from metatable.metadata_table import MetadataTable
+from metatable.metadata.table import MetadataTable
+from metatable.timeline.instant import Action
 
 from .crash_child import batch
 from .models import Model
@@ -96,8 +96,11 @@ def test_kill_mid_rollback(table):
 def test_kill_at_random_moments(table, seed):
     root, journal = table
     proc = spawn(root, journal, 10_000)
-    time.sleep(random.Random(seed).uniform(0.8, 2.5))
+    deadline = time.monotonic() + 60
+    while not os.path.exists(journal):  # the child has begun its first commit (its start-up takes its time)
+        assert proc.poll() is None and time.monotonic() < deadline, "the child ended before its first commit"
+        time.sleep(0.01)
+    time.sleep(random.Random(seed).uniform(0.0, 1.7))
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
-    assert os.path.exists(journal), "killed before the first commit began: sleep longer"
     recover_and_continue(root, journal)

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from indexes.column_stats import stat_value
-from metatable.log_file import Entries
-from metatable.metadata_records import KINDS, MetadataIntegrityError
+
+from metatable.formats.log_file import Entries
+from metatable.metadata.records import KINDS, MetadataIntegrityError
 
 FILES, BLOOM, STATS, RING, RECORDS = (KINDS[k] for k in ("files", "bloom_filter", "column_stats", "hashing_meta",
                                                          "record_index"))

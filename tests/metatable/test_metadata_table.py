@@ -2,11 +2,12 @@ import os
 
 import pytest
 
-from metatable.errors import (CorruptFileError, InvalidInputError, RollbackError, TableExistsError, TableNotFoundError,
-                              TimelineError, UnknownPartitionError)
-from metatable.instant import Action
-from metatable.metadata_records import MetadataIntegrityError
-from metatable.metadata_table import MetadataTable
+from metatable.errors import (
+    CorruptFileError, InvalidInputError, RollbackError, TableExistsError, TableNotFoundError, TimelineError,
+    UnknownPartitionError)
+from metatable.metadata.records import MetadataIntegrityError
+from metatable.metadata.table import MetadataTable
+from metatable.timeline.instant import Action
 
 from .models import Model
 

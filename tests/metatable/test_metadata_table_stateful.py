@@ -8,8 +8,8 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule
 
 from metatable.errors import RollbackError
-from metatable.instant import Action
-from metatable.metadata_table import MetadataTable
+from metatable.metadata.table import MetadataTable
+from metatable.timeline.instant import Action
 
 from .models import RECORDS, Model, stamped
 

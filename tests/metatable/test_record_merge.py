@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metatable.record_merge import merge_versions, newest_versions
+from metatable.file_group.record_merge import merge_versions, newest_versions
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
 
 SCHEMA = pa.schema([(KEY_COLUMN, pa.string()), ("ts", pa.int64()), ("v", pa.string())])

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from metatable.key_pages import write_options
-from metatable.row_pages import file_pages, mini_parquet, read_rows, rows_of_keys
+from metatable.formats.key_pages import write_options
+from metatable.formats.row_pages import file_pages, mini_parquet, read_rows, rows_of_keys
 from metatable.table_config import KEY_COLUMN
 
 ROWS = 9_000

@@ -6,7 +6,7 @@ import pytest
 
 import metatable as mt
 from metatable.errors import InvalidInputError
-from metatable.scan_filter import may_match
+from metatable.read.scan_filter import may_match
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("d", pa.date32()), ("amount", pa.decimal128(10, 2))])
 

@@ -3,8 +3,8 @@ import os
 import pytest
 
 from metatable.errors import CorruptFileError
-from metatable.sst_file import SstCache, write_sst
-from metatable.storage import LocalStorage
+from metatable.formats.sst_file import SstCache, write_sst
+from metatable.storage.local import LocalStorage
 
 S = LocalStorage()
 

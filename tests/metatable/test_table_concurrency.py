@@ -23,10 +23,10 @@ def rows(ids, p, v, ts=1):
     return [{"id": i, "p": p, "v": v, "ts": ts} for i in ids]
 
 
-def start(root, operation, data, **env):
+def start(root, operation, data, options=None, **env):
     return subprocess.Popen([sys.executable, "-m", "tests.metatable.table_writer_child", root, operation,
-                             json.dumps(data)], cwd=ROOT_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": ROOT_DIR, **env})
+                             json.dumps(data), json.dumps(options or {})], cwd=ROOT_DIR, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT_DIR, **env})
 
 
 @pytest.fixture(params=["merge_on_read", "copy_on_write"])
@@ -38,17 +38,21 @@ def table(tmp_path, request):
 
 
 @pytest.mark.slow
-def test_writers_of_the_same_file_group(table):
-    """Copy-on-write: one wins, the loser's files are gone. Merge-on-read on a bucket index: both commit
-    (non-blocking), and a tie on the ordering field goes to the later completed commit (the slow one)."""
-    slow = start(table.path, "upsert", rows([1, 7], "a", "slow", 5), METATABLE_PAUSE_AT="table.write.files:3")
+@pytest.mark.parametrize("retries", [0, 5])
+def test_writers_of_the_same_file_group(table, retries):
+    """Copy-on-write: the first to commit wins; the loser's files are gone, and it runs again from the new
+    snapshot (`write.conflict_retries`) or, with no retries, fails with the conflict. Merge-on-read on a bucket
+    index: both commit (non-blocking). Either way a tie on the ordering field goes to the later completed
+    commit (the slow one)."""
+    slow = start(table.path, "upsert", rows([1, 7], "a", "slow", 5), {"write.conflict_retries": retries},
+                 METATABLE_PAUSE_AT="table.write.files:3")
     time.sleep(1.5)
     fast = start(table.path, "upsert", rows([1, 8], "a", "fast", 5))
     assert fast.wait(60) == 0, fast.stderr.read()
     model = TableModel(True)
     model.apply("upsert", rows(range(5), "a", "seed") + rows(range(5), "b", "seed"))
     model.apply("upsert", rows([1, 8], "a", "fast", 5))
-    if table.config.merge_on_read:
+    if table.config.merge_on_read or retries:
         assert slow.wait(60) == 0, slow.stdout.read() + slow.stderr.read()
         model.apply("upsert", rows([1, 7], "a", "slow", 5))
     else:

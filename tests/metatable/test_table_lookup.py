@@ -1,6 +1,8 @@
 """Table.lookup equals ground truth on random tables, both types, through the bucket and metadata paths."""
 from __future__ import annotations
 
+from functools import partial
+
 import shutil
 import tempfile
 
@@ -11,11 +13,12 @@ from hypothesis import given, settings, strategies as st
 
 import metatable as mt
 from indexes.arrow_keys import partition_paths, record_keys
-from metatable.instant import Action
-from metatable.locator import Explain, MetadataIndex, SliceLocator
+
+from metatable.file_group.slice_reader import read_slice
+from metatable.formats.key_pages import key_pages
+from metatable.read.locator import Explain, MetadataIndex, SliceLocator
 from metatable.table_config import KEY_COLUMN
-from metatable.slice_reader import read_slice
-from metatable.key_pages import key_pages
+from metatable.timeline.instant import Action
 
 from .table_model import SCHEMA, TableModel, operation_strategy, sort_rows
 
@@ -130,9 +133,10 @@ def test_a_caching_locator_reads_a_column_once_its_probes_pass_half_the_pages(pa
     """A bloom tagger on Spark locates a batch a few thousand keys at a time: keys probed page by page add
     up over the calls, and past half a file's pages its key column is read once and kept."""
     table, truth = paged_table["merge_on_read"]
-    index = MetadataIndex(table.metadata, table.config)
+    index, ready = MetadataIndex(table.metadata), table.config.metadata_indexes
     slices = table.file_slices()
-    locator = SliceLocator(table.storage, table.context.paths, table.config, slices, index.ranges, index.filters,
+    locator = SliceLocator(table.storage, table.context.paths, table.config, slices,
+                           partial(index.ranges, ready=ready), partial(index.filters, ready=ready),
                            cache_base_keys=len(slices))
     reads = []
     for start in range(0, 90, 3):
@@ -198,7 +202,7 @@ def test_paged_get_equals_the_snapshot(paged_table, table_type, ids, with_partit
     with the logs merged on top; never a whole base file."""
     table, truth = paged_table[table_type]
     probe = pa.table({"id": ids, "p": [f"q{i % 2}" for i in ids]} if with_partitions else {"id": ids})
-    import metatable.key_lookup as key_lookup
+    import metatable.read.key_lookup as key_lookup
 
     def whole_slice(*args, **kwargs):
         raise AssertionError("a base file was read whole")

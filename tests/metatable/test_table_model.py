@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import metatable as mt
-import metatable.file_group_writer
-from metatable.slice_reader import live_mask
+import metatable.write.file_group_writer
+from metatable.file_group.slice_reader import live_mask
 
 
 from .table_model import SCHEMA, TableModel, check_counts, check_metadata, operation_strategy, sort_rows
@@ -55,7 +55,7 @@ def test_an_upsert_that_does_not_count_updates_reads_no_keys(tmp_path, monkeypat
     def no_reads(storage, paths, config, fs, keys, *args):
         assert fs is None, "an upsert that does not count read the keys of a slice"
         return live_mask(storage, paths, config, fs, keys, *args)
-    monkeypatch.setattr(metatable.file_group_writer, "live_mask", no_reads)
+    monkeypatch.setattr(metatable.write.file_group_writer, "live_mask", no_reads)
     batch = [{"id": 2, "p": "a", "v": "new", "ts": 2}, {"id": 3, "p": "a", "v": "new", "ts": 2},
              {"id": 4, "p": "b", "v": "new", "ts": 2}]
     second = table.upsert(pa.Table.from_pylist(batch, schema=SCHEMA))

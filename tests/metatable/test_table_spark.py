@@ -13,9 +13,9 @@ from hypothesis import given, settings, strategies as st
 
 import metatable as mt
 from metatable.errors import ConfigError, InvalidInputError, TableExistsError, TableNotFoundError
-from metatable.paths import TablePaths
-from metatable.spark_engine import (dealt, estimated_bytes, explained, gathered, row_group_shares,
-                                    scanned_parquet_files)
+from metatable.storage.paths import TablePaths
+from metatable.write.spark_write import (
+    dealt, estimated_bytes, explained, gathered, row_group_shares, scanned_parquet_files)
 
 from .table_model import SCHEMA, TableModel, check_counts, check_metadata, operation_strategy, sort_rows
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metatable.errors import CorruptFileError
-import metatable.thrift_compact as thrift_compact
-from metatable.thrift_compact import leading_ints, leading_list_size, page_locations, read_struct
+import metatable.formats.thrift_compact as thrift_compact
+from metatable.formats.thrift_compact import leading_ints, leading_list_size, page_locations, read_struct
 
 
 def _varint(n: int) -> bytes:

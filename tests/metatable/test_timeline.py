@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metatable.errors import TimelineError
-from metatable.instant import Action
-from metatable.storage import LocalStorage
-from metatable.timeline import Timeline
+from metatable.storage.local import LocalStorage
+from metatable.timeline.instant import Action
+from metatable.timeline.timeline import Timeline
 
 
 def make(path, **kw):

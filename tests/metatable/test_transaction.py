@@ -7,11 +7,11 @@ import time
 import pytest
 
 from metatable.errors import TimelineError
-from metatable.instant import Action, State
-from metatable.lifecycle import Service, run_due, run_scheduled
-from metatable.storage import LocalStorage
-from metatable.timeline import Timeline
-from metatable.transaction import Transactions
+from metatable.storage.local import LocalStorage
+from metatable.timeline.instant import Action, State
+from metatable.timeline.lifecycle import Service, run_due, run_scheduled
+from metatable.timeline.timeline import Timeline
+from metatable.timeline.transaction import Transactions
 
 
 class RecordingUndo:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 import metatable as mt
-from metatable.instant import Action
+from metatable.timeline.instant import Action
 
 from .table_model import SCHEMA, TableModel, check_metadata, sort_rows
 

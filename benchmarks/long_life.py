@@ -1,0 +1,96 @@
+"""A table that lives for years: a merge-on-read bucket table with default options gets one small upsert after
+another (10-100 rows each, as a stream's micro-batches would), and every `--every` commits this prints the
+median upsert time of the last ones, a full read, a `get` of 10 keys, `Table.open`, and the number of files
+in the active timeline and under the table (`seconds` is the median upsert). Issue 37's target: at 20,000 commits every figure within 1.3x
+of its value at 1,000 commits, and the active timeline bounded.
+
+The final table is checked against a model of every upsert; the benchmark exits non-zero if it differs.
+
+    python benchmarks/long_life.py [--commits 20000] [--every 1000] [--rows 10000]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import pyarrow as pa
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import metatable as mt  # noqa: E402
+from metatable.storage.paths import TablePaths  # noqa: E402
+
+SCHEMA = pa.schema([("id", pa.int64()), ("day", pa.string()), ("v", pa.string()), ("ts", pa.int64())])
+DAYS = [f"2026-11-{d:02d}" for d in range(1, 11)]
+
+
+def emit(**fields) -> None:
+    print(json.dumps({"benchmark": "long_life", **fields}), flush=True)
+
+
+def rows_of(ids: list[int], version: int) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "day": [DAYS[i % len(DAYS)] for i in ids],
+                     "v": [f"v{version}-{i}" for i in ids], "ts": pa.array([version] * len(ids), pa.int64())},
+                    schema=SCHEMA)
+
+
+def timed(action) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = action()
+    return time.perf_counter() - started, result
+
+
+def files_under(path: str) -> int:
+    return sum(len(names) for _, _, names in os.walk(path))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commits", type=int, default=20000)
+    parser.add_argument("--every", type=int, default=1000)
+    parser.add_argument("--rows", type=int, default=10000, help="rows of the first load")
+    parser.add_argument("--workdir", help="default: a temporary directory")
+    args = parser.parse_args()
+    workdir = args.workdir or tempfile.mkdtemp(prefix="metatable-long-life-")
+    path = os.path.join(workdir, "long_life")
+    shutil.rmtree(path, ignore_errors=True)
+    table = mt.Table.create(path, SCHEMA, ["id"], ["day"], "ts", index=mt.IndexConfig(num_buckets=4))
+    model = {i: (DAYS[i % len(DAYS)], f"v0-{i}", 0) for i in range(args.rows)}
+    table.bulk_insert(rows_of(list(range(args.rows)), 0))
+    rng = random.Random(37)
+    times: list[float] = []
+    for commit in range(1, args.commits + 1):
+        ids = rng.sample(range(int(args.rows * 1.2)), rng.randint(10, 100))  # mostly updates, some new keys
+        seconds, _ = timed(lambda: table.upsert(rows_of(ids, commit)))
+        times.append(seconds)
+        model.update({i: (DAYS[i % len(DAYS)], f"v{commit}-{i}", commit) for i in ids})
+        if commit % args.every == 0:
+            read_s, snapshot = timed(table.to_arrow)
+            keys = rng.sample(sorted(model), 10)
+            get_s, got = timed(lambda: table.get(pa.table({"id": pa.array(keys, pa.int64()),
+                                                           "day": [DAYS[i % len(DAYS)] for i in keys]})))
+            open_s, _ = timed(lambda: mt.Table.open(path))
+            emit(commits=commit, seconds=round(statistics.median(times), 5),
+                 full_read_s=round(read_s, 4), rows=snapshot.num_rows, get_10_s=round(get_s, 4), open_s=round(open_s, 4),
+                 timeline_files=len(os.listdir(TablePaths(path).timeline)), table_files=files_under(path))
+            times = []
+            if got.num_rows != 10:
+                print(f"get of 10 present keys returned {got.num_rows} rows", file=sys.stderr)
+                return 1
+    final = {r["id"]: (r["day"], r["v"], r["ts"]) for r in table.to_arrow().to_pylist()}
+    if final != model:
+        wrong = [k for k in model if final.get(k) != model[k]][:5]
+        print(f"the table differs from the model of its upserts, e.g. keys {wrong}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

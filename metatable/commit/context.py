@@ -1,0 +1,136 @@
+"""A table context: everything an action on a data table needs, opened once and handed to every action.
+
+Storage, paths, the table's config, its timeline, its metadata table and the transactions over its
+timeline. Actions and services take a context, never a `Table`, so they depend on nothing above them.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Mapping, TypeVar
+
+from metatable.commit.data_undo import DataUndo
+from metatable.commit.index_states import read_states
+from metatable.commit.timeline_view import TimelineView
+from metatable.config import METADATA_PREFIXES
+from metatable.errors import CorruptFileError, MetatableError, TableExistsError, TableNotFoundError
+from metatable.formats.clustering_plan import RESIZE
+from metatable.metadata.table import MetadataTable, finish_swap
+from metatable.storage.base import Storage
+from metatable.storage.local import LocalStorage
+from metatable.storage.paths import TablePaths
+from metatable.table_config import READY, TableConfig
+from metatable.timeline.instant import WRITE_ACTIONS, Action, Instant
+from metatable.timeline.lock import TableLock
+from metatable.timeline.timeline import Timeline
+from metatable.timeline.transaction import Transactions
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+def rejects_writes(timeline: Timeline, instant: Instant) -> bool:
+    """Whether writes to the file groups of this pending service fail until it completes: a clustering (a
+    resize does not: writers dual-write through it)."""
+    return instant.action is Action.REPLACECOMMIT and timeline.plan(instant).get("strategy") != RESIZE
+
+
+@dataclass(frozen=True)
+class TableContext:
+    paths: TablePaths
+    storage: Storage
+    config: TableConfig
+    timeline: Timeline
+    metadata: MetadataTable
+    transactions: Transactions
+
+    @property
+    def root(self) -> str:
+        return self.paths.root
+
+    def view(self, as_of: str | None = None) -> TimelineView:
+        """What a reader sees now (or as of a completed instant), with the index states of now."""
+        return TimelineView(self.timeline, self.metadata, self.config_now(), as_of)
+
+    def read_view(self, read: Callable[[TimelineView], R], as_of: str | None = None) -> R:
+        """`read(view)` on a new snapshot. Should a metadata index that the snapshot had ready be dropped while
+        it read (a drop changes the states first, then deletes the files), what it read of the index may be
+        gone or missing: the read runs once more on a snapshot without that index, instead of answering from
+        half-deleted files or failing with an error about a damaged metadata table. The check costs a read
+        of table.json after the read; a drop that changes the states after it deletes nothing this read saw."""
+        view = self.view(as_of)
+        try:
+            result = read(view)
+        except (MetatableError, FileNotFoundError):
+            if not self.dropped_since(view):
+                raise
+        else:
+            if not self.dropped_since(view):
+                return result
+        log.info("a metadata index was dropped during a read of %s: read again without it", self.root)
+        return read(self.view(as_of))
+
+    def dropped_since(self, view: TimelineView) -> set[str]:
+        """The metadata indexes the view had ready that are not ready now."""
+        now = self.index_states()
+        return {p for p in view.config.metadata_indexes if now.get(p) != READY}
+
+    def index_states(self) -> dict[str, str]:
+        """Metadata index -> "building" | "ready", as table.json holds them now (the indexer changes them while
+        tables are open: a commit reads them under the lock, whatever this context was opened with)."""
+        return read_states(self.storage, self.paths)
+
+    def config_now(self) -> TableConfig:
+        """The table's config with the index states of now."""
+        return self.config.with_index_states(self.index_states())
+
+    @classmethod
+    def open(cls, path: str, storage: Storage | None = None, options: Mapping[str, Any] | None = None,
+             roll_forward: Mapping[Action, Callable[[TableContext, Instant], None]] | None = None) -> TableContext:
+        """The context of the table at `path`. `roll_forward`: how to finish a service that cannot be undone
+        (clean), should its process die; the services live above the context, so they hand it in."""
+        storage = storage or LocalStorage()
+        paths = TablePaths(os.path.abspath(path))
+        if not storage.exists(paths.table_config):
+            raise TableNotFoundError(f"no metatable table at {path} (missing {paths.table_config}); use Table.create")
+        try:
+            config = TableConfig.from_json(storage.read(paths.table_config).decode(), options)
+        except MetatableError:  # an unknown option among `options`
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptFileError(paths.table_config, f"not a table config ({type(e).__name__}: {e}); it holds the "
+                                                       "schema, the key and the options") from None
+        opts = config.options
+        timeline = Timeline(storage, paths.root, TableLock(paths.lock, opts["lock.timeout_s"]),
+                            opts["heartbeat.interval_s"], opts["heartbeat.tolerable_misses"])
+        if storage.exists(paths.metadata_rebuild.rebuilt_marker):  # a rebuild died between its two renames
+            with timeline.lock.held():
+                finish_swap(storage, paths)
+        mdt_options = {k: v for k, v in opts.items() if k.startswith(METADATA_PREFIXES)}
+        try:
+            metadata = MetadataTable(paths.metadata.root, storage=storage, options=mdt_options, authority=timeline)
+        except TableNotFoundError:  # a create that died between its two steps: finish it
+            metadata = MetadataTable.create(paths.metadata.root, config.metadata_partitions(), options=mdt_options,
+                                            storage=storage, authority=timeline)
+        transactions = Transactions(timeline, DataUndo(storage, paths, metadata), name="table",
+                                    writes=WRITE_ACTIONS,
+                                    services=[Action.COMPACTION, Action.REPLACECOMMIT, Action.INDEXING],
+                                    others=lambda: [metadata.timeline],
+                                    blocks_writers=partial(rejects_writes, timeline))
+        context = cls(paths, storage, config, timeline, metadata, transactions)
+        for action, finish in (roll_forward or {}).items():
+            transactions.roll_forward[action] = partial(finish, context)
+        return context
+
+    @staticmethod
+    def create(path: str, config: TableConfig, storage: Storage | None = None) -> str:
+        """Write a new table's config; its metadata table follows when it is first opened."""
+        storage = storage or LocalStorage()
+        paths = TablePaths(os.path.abspath(path))
+        if not storage.create_exclusive(paths.table_config, config.to_json().encode()):
+            raise TableExistsError(f"a table already exists at {paths.root}")
+        log.info("created %s table at %s", config.table_type, paths.root)
+        return paths.root

@@ -1,0 +1,100 @@
+"""What dead processes leave behind, and the sweep that removes it (under the lock).
+
+A leftover is what no live process will use and no instant will clean up: staging files (`.tmp-`) of data
+files whose writer is dead, and any older than an hour; the markers, spilled input and heartbeats of instants
+that are neither pending nor beating; data files written by instants the timeline does not have (a write
+rolled back whose files survived); and a metadata rebuild that died before it completed. Every clean sweeps
+(`services.clean`), and `metatable fsck --repair` does.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Iterator
+
+from metatable.commit.context import TableContext
+from metatable.errors import MetatableError
+from metatable.file_group.base_file import PARQUET, BaseFile
+from metatable.formats.log_file import LogFile
+from metatable.storage.base import TEMP_MARK, is_temporary
+from metatable.storage.paths import META_DIR, SST_CACHE
+from metatable.timeline.heartbeat import is_expired
+from metatable.timeline.instant import Instant
+
+log = logging.getLogger(__name__)
+
+STAGING_MAX_AGE_S = 3600.0  # a staging file outside the data partitions (timeline, metadata, a Spark data source
+# job's rows) this old is dead
+
+
+def sweep(context: TableContext) -> list[str]:
+    """Remove what dead processes left (under the lock); returns the paths removed."""
+    with context.transactions.lock.held():
+        leftovers = sorted(find_leftovers(context, context.timeline.instants()))
+        remove(context, leftovers)
+    if leftovers:
+        log.info("swept %d leftovers of dead processes from %s", len(leftovers), context.root)
+    return leftovers
+
+
+def find_leftovers(context: TableContext, instants: list[Instant]) -> Iterator[str]:
+    """What no live process will use again. An instant that is not pending may still have a live process: a
+    clustering that a write won over, rolled back while it runs, keeps writing (and beating) until it notices,
+    and then undoes what its markers name. So only the leftovers of instants whose heartbeat stopped go."""
+    paths, storage, timeline = context.paths, context.storage, context.timeline
+    pending = {i.time for i in instants if not i.is_completed}
+    now = time.time()
+
+    def dead(time_: str) -> bool:
+        return time_ not in pending and is_expired(storage, timeline.heartbeat_dir, time_,
+                                                   timeline.heartbeat_interval_s, timeline.heartbeat_misses, now)
+
+    known = {i.time for i in instants}
+    for directory, subdirs, names in os.walk(storage.local_path(paths.root)):
+        subdirs[:] = [d for d in subdirs if d != SST_CACHE]  # RocksDB's own files
+        for name in names:
+            path = os.path.join(directory, name)
+            data = META_DIR not in os.path.relpath(path, paths.root).split(os.sep)
+            if is_temporary(name):  # a data file's staging name holds its writer's instant; others only an age
+                writer = writer_of(name[1:name.index(TEMP_MARK)]) if data else None
+                if (writer is not None and dead(writer)) or age(path, now) > STAGING_MAX_AGE_S:
+                    yield path
+            elif data and (writer := writer_of(name)) is not None and writer not in known and dead(writer):
+                yield path  # written by an instant the timeline does not have
+    for kind, of in (("markers", paths.markers), ("spill", paths.spill), ("heartbeats", None)):
+        directory = os.path.join(paths.meta, kind)
+        for name in storage.list(directory):
+            if name.isdigit() and dead(name):
+                yield of(name) if of else os.path.join(directory, name)
+            elif kind == "spill" and age(os.path.join(directory, name), now) > STAGING_MAX_AGE_S:
+                yield os.path.join(directory, name)  # rows a Spark data source job staged, and never committed
+    staging = paths.metadata_rebuild  # callers hold the lock, so no rebuild is running
+    if storage.exists(staging.root) and not storage.exists(staging.rebuilt_marker):
+        yield staging.root
+
+
+def age(path: str, now: float) -> float:
+    """Seconds since the file last changed (0 once it is gone: a staging file is published at any moment)."""
+    try:
+        return now - os.path.getmtime(path)
+    except FileNotFoundError:
+        return 0.0
+
+
+def writer_of(name: str) -> str | None:
+    """The instant that wrote a data file of this name (None: not a data file name)."""
+    try:
+        if LogFile.is_log_name(name):
+            return LogFile.parse(name).instant
+        return BaseFile.parse(name).instant if name.endswith("." + PARQUET) else None
+    except MetatableError:
+        return None
+
+
+def remove(context: TableContext, leftovers: list[str]) -> None:
+    for path in leftovers:
+        if os.path.isdir(path):
+            context.storage.remove_dir(path)
+        else:
+            context.storage.delete(path)

@@ -1,0 +1,198 @@
+"""What a snapshot of a data table sees: its completed instants, its live files and its file slices.
+
+The view is taken at the latest completed instant, or `as_of` an older one (time travel). Files come
+from the metadata table's `files` partition, never from listing directories; a file is visible when the
+instant that wrote it is. Each file group's latest slice is its newest visible base plus the visible logs
+written after it (`file_slice.latest_slice`). File groups that a completed replacecommit (clustering)
+replaced are hidden from views at or after it. Reads, writes, lookups and services all take their
+slices from a view.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any, Collection, Iterable
+
+from indexes.bucket import INITIAL_GENERATION, BucketAssigner, BucketLayout
+from indexes.consistent_hashing import ConsistentHashingAssigner, Ring, RingPlan
+from indexes.keys import ALL_PARTITIONS_KEY
+
+from metatable.errors import InvalidInputError, SnapshotExpiredError
+from metatable.file_group.base_file import PARQUET
+from metatable.file_group.file_slice import FileSlice, by_completion, latest_slice, parse_names
+from metatable.formats.clustering_plan import ClusteringPlan, busy_file_groups
+from metatable.metadata.table import MetadataTable
+from metatable.table_config import IndexConfig, TableConfig
+from metatable.timeline.instant import BOOTSTRAP_TIME, DATA_ACTIONS, Action, Instant
+from metatable.timeline.timeline import Timeline
+
+
+FileGroup = tuple[str, str]  # (partition path, file id)
+
+
+def group_name(partition: str, file_id: str) -> str:
+    """How commit metadata and plans name a file group."""
+    return f"{partition}/{file_id}"
+
+
+def parse_group_name(name: str) -> FileGroup:
+    partition, _, file_id = name.rpartition("/")
+    return partition, file_id
+
+
+class TimelineView:
+    """What one snapshot sees. `config` is the table's config with the metadata index states read when the
+    snapshot was made: every read and write through this view uses those, so an index dropped (or made
+    ready) by another process afterwards changes only later snapshots."""
+
+    def __init__(self, timeline: Timeline, metadata: MetadataTable, config: TableConfig,
+                 as_of: str | None = None) -> None:
+        self.config = config
+        if not set(config.maintained) <= set(metadata.partitions):  # an index built since this table opened
+            metadata.reload_partitions()
+        metadata.refresh()
+        self.timeline = timeline
+        self.metadata = metadata
+        self.instants = timeline.instants()
+        # the metadata snapshot was fixed first: an instant that completed after it is not seen (a resize
+        # would otherwise hide its parents while the snapshot lacks its children's files)
+        valid = None if metadata.standalone else metadata.snapshot.valid_instants
+        self.completed = [i for i in self.instants if i.is_completed and i.action in DATA_ACTIONS
+                          and (valid is None or i.time in valid)]
+        self.completed_times = frozenset(i.time for i in self.completed)
+        if as_of is not None and as_of not in self.completed_times:
+            raise InvalidInputError(f"cannot read as of {as_of}: not a completed instant of {timeline.root}")
+        if as_of is not None and as_of < self.readable_from:
+            raise SnapshotExpiredError(
+                f"cannot read {timeline.root} as of {as_of}: a clean removed files of that snapshot; snapshots as "
+                f"of {self.readable_from} or later are readable (the latest is {self.completed[-1].time}). "
+                "clean.retain_commits sets how many commits stay readable")
+        self.as_of = as_of
+
+    @cached_property
+    def readable_from(self) -> str:
+        """The oldest instant time whose snapshot every completed clean kept (each records its own)."""
+        cleans = [i for i in self.instants if i.is_completed and i.action is Action.CLEAN]
+        return max([self.timeline.read_json(i).get("readable_from", BOOTSTRAP_TIME) for i in cleans],
+                   default=BOOTSTRAP_TIME)
+
+    def visible(self, time: str) -> bool:
+        return time in self.completed_times and (self.as_of is None or time <= self.as_of)
+
+    def pending(self, actions: Iterable[Action]) -> list[Instant]:
+        wanted = set(actions)
+        return [i for i in self.instants if not i.is_completed and i.action in wanted]
+
+    # -- files ----------------------------------------------------------------------------------------
+    @cached_property
+    def partitions(self) -> list[str]:
+        record = self.metadata.get("files", ALL_PARTITIONS_KEY)
+        return sorted(record["files"]) if record else []
+
+    @cached_property
+    def live_files(self) -> dict[str, dict[str, int]]:
+        """partition -> every file name in `files` -> its size (visible or not: callers filter)."""
+        return {p: {name: e["size"] for name, e in sorted(r["files"].items())}
+                for p, r in self.metadata.get_many("files", self.partitions).items()}
+
+    @cached_property
+    def replacements(self) -> list[tuple[Instant, dict[str, Any]]]:
+        """Completed replacecommits this view sees, with their commit metadata, oldest first."""
+        return [(i, self.timeline.read_json(i)) for i in self.completed
+                if i.action is Action.REPLACECOMMIT and self.visible(i.time)]
+
+    @cached_property
+    def replaced(self) -> frozenset[FileGroup]:
+        """File groups replaced by completed replacecommits this view sees."""
+        return frozenset((partition, file_id) for _, meta in self.replacements
+                         for partition, ids in meta.get("replaced", {}).items() for file_id in ids)
+
+    def bucket_layout(self, configured: int) -> BucketLayout:
+        """A simple-bucket table's buckets as this view sees them: a completed rehash (a replacecommit that
+        records `num_buckets`) changes the count atomically with the file groups it rewrote."""
+        count, generation = configured, INITIAL_GENERATION
+        for instant, meta in self.replacements:
+            if meta.get("num_buckets"):
+                count, generation = meta["num_buckets"], instant.time
+        replaced = [(partition, file_id, instant.time) for instant, meta in self.replacements
+                    for partition, ids in meta.get("replaced", {}).items() for file_id in ids]
+        return BucketLayout.of(count, generation, self.file_slices, replaced)
+
+    @cached_property
+    def rings(self) -> dict[str, Ring]:
+        """A consistent-hashing table's committed ring of every partition (`hashing_meta`)."""
+        if "hashing_meta" not in self.metadata.partitions:
+            return {}
+        return {r["partition_path"]: Ring.from_record(r) for _, r in self.metadata.scan("hashing_meta")}
+
+    def pending_rings(self) -> dict[str, tuple[str, Ring]]:
+        """partition -> (instant, pending ring) of every pending resize."""
+        out = {}
+        for instant in self.pending([Action.REPLACECOMMIT]):
+            plan = self.plan(instant)
+            for ring in ClusteringPlan.from_record(plan).rings if plan else ():
+                out[ring.partition] = (instant.time, ring)
+        return out
+
+    def index_plan(self, index: IndexConfig) -> BucketLayout | RingPlan:
+        """What a bucket index computes file groups from: the simple index's layout, or the rings."""
+        if index.consistent_hashing:
+            return RingPlan(index.num_buckets, self.rings, self.pending_rings())
+        return self.bucket_layout(index.num_buckets)
+
+    def bucket_assigner(self, index: IndexConfig) -> BucketAssigner | ConsistentHashingAssigner:
+        plan = self.index_plan(index)
+        return ConsistentHashingAssigner(plan) if isinstance(plan, RingPlan) else BucketAssigner(plan)
+
+    @cached_property
+    def file_slices(self) -> dict[FileGroup, FileSlice]:
+        """The latest file slice of every live file group."""
+        return self.slices_in(self.live_files)
+
+    def slices_in(self, files: dict[str, Collection[str]]) -> dict[FileGroup, FileSlice]:
+        """The latest file slices of the given partitions' files (`file_sizes` of a few partitions: what a
+        commit touched, without reading the rest of the table)."""
+        out = {}
+        for partition, names in files.items():
+            bases, logs = parse_names(names, PARQUET)
+            logs = [lf for lf in logs if self.visible(lf.instant)]
+            for file_id in sorted({b.file_id for b in bases} | {lf.file_id for lf in logs}):
+                if (partition, file_id) in self.replaced:
+                    continue
+                fs = latest_slice(partition, file_id, bases, logs, self.visible, by_completion)
+                if fs.base or fs.logs:
+                    out[(partition, file_id)] = fs
+        return out
+
+    def file_sizes(self, partitions: Collection[str]) -> dict[str, dict[str, int]]:
+        """partition -> file name -> bytes, for the given partitions only (one metadata read of them)."""
+        if "live_files" in self.__dict__:  # already read for every partition
+            return {p: self.live_files.get(p, {}) for p in partitions}
+        records = self.metadata.get_many("files", sorted(partitions))
+        return {p: {name: e["size"] for name, e in records[p]["files"].items()} if p in records else {}
+                for p in partitions}
+
+    def sizes(self) -> dict[str, dict[str, int]]:
+        """partition -> file id -> bytes of its latest base file, as committed."""
+        out: dict[str, dict[str, int]] = {}
+        for (partition, file_id), fs in self.file_slices.items():
+            if fs.base:
+                out.setdefault(partition, {})[file_id] = self.live_files[partition][fs.base.file_name]
+        return out
+
+    # -- pending services -------------------------------------------------------------------------------
+    def plan(self, instant: Instant) -> dict[str, Any]:
+        """A pending instant's plan; {} when it was rolled back since this view listed it."""
+        return self.timeline.plan_if_present(instant)
+
+    def busy(self) -> set[str]:
+        """`partition/file_id` of the file groups that pending compactions and clusterings will rewrite."""
+        return busy_file_groups(self.plan(i) for i in self.pending([Action.COMPACTION, Action.REPLACECOMMIT]))
+
+    def log_base_instants(self) -> dict[FileGroup, str]:
+        """File groups of pending compactions -> the base instant that new logs must name."""
+        out: dict[FileGroup, str] = {}
+        for instant in self.pending([Action.COMPACTION]):
+            for name in self.plan(instant).get("file_groups", {}):
+                group = parse_group_name(name)
+                out[group] = max(out.get(group, ""), instant.time)
+        return out

@@ -1,0 +1,118 @@
+"""Choosing the surviving version of each record key, vectorized over Arrow tables.
+
+Versions carry the record key, a deleted flag and a write sequence number (the
+order of the writes that produced them). A key's survivor is, among its versions
+written after its last delete, the one with the greatest ordering value (nulls
+lowest), ties going to the later write; a key whose last version is a delete is
+gone. Within one incoming batch (one sequence number) ties are broken by the
+row's remaining values, so the result never depends on input order.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
+
+SEQ_COLUMN = "_mt_seq"
+
+
+def _first_of_runs(sorted_keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    keys = sorted_keys.combine_chunks() if isinstance(sorted_keys, pa.ChunkedArray) else sorted_keys
+    first = np.ones(len(keys), dtype=bool)
+    if len(keys) > 1:
+        first[1:] = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).to_numpy(zero_copy_only=False)
+    return first
+
+
+def survivors(versions: pa.Table, ordering: str | None, tiebreak: Sequence[str] = ()) -> pa.Table:
+    """One row per live key; `versions` has KEY, DELETED and SEQ columns (dropped from the result)."""
+    if versions.num_rows == 0:
+        return versions.drop_columns([DELETED_COLUMN, SEQ_COLUMN])
+    deleted = versions[DELETED_COLUMN]
+    if pc.any(deleted).as_py():
+        last_delete = pa.table({KEY_COLUMN: versions[KEY_COLUMN],
+                                "_mt_del": pc.if_else(deleted, versions[SEQ_COLUMN], -1)}
+                               ).group_by(KEY_COLUMN).aggregate([("_mt_del", "max")])
+        joined = versions.join(last_delete, KEY_COLUMN)
+        keep = pc.and_(pc.greater(joined[SEQ_COLUMN], joined["_mt_del_max"]), pc.invert(joined[DELETED_COLUMN]))
+        versions = joined.filter(keep).drop_columns(["_mt_del_max"])
+    sort_keys = [(KEY_COLUMN, "ascending", "at_end")]
+    if ordering:
+        sort_keys.append((ordering, "descending", "at_end"))  # a null ordering value loses
+    sort_keys.append((SEQ_COLUMN, "descending", "at_end"))
+    sort_keys += [(c, "descending", "at_end") for c in tiebreak]
+    order = pc.sort_indices(versions, sort_keys=sort_keys)
+    first = _first_of_runs(versions[KEY_COLUMN].take(order))
+    return versions.take(order.filter(pa.array(first))).drop_columns([DELETED_COLUMN, SEQ_COLUMN])
+
+
+def with_version(table: pa.Table, seq: int, deleted: bool = False) -> pa.Table:
+    """`table` as versions of write `seq`, keeping a DELETED column if it has one."""
+    n = table.num_rows
+    if DELETED_COLUMN not in table.column_names:
+        table = table.append_column(DELETED_COLUMN, pa.array(np.full(n, deleted), pa.bool_()))
+    return table.append_column(SEQ_COLUMN, pa.array(np.full(n, seq, dtype=np.int64)))
+
+
+def dedupe_batch(batch: pa.Table, ordering: str | None, deleted: bool = False) -> pa.Table:
+    """The rows of one incoming batch, one per key (greatest ordering wins, then greatest row values)."""
+    tiebreak = [c for c in batch.column_names if c not in (KEY_COLUMN, ordering, DELETED_COLUMN)
+                and _sortable(batch.schema.field(c).type)]
+    result = survivors(with_version(batch, 0, False), ordering, tiebreak)
+    if deleted:
+        result = result.append_column(DELETED_COLUMN, pa.array(np.ones(result.num_rows, dtype=bool)))
+    return result
+
+
+def _sortable(t: pa.DataType) -> bool:
+    return not (pa.types.is_nested(t) or pa.types.is_dictionary(t))
+
+
+def merge_versions(tables: Sequence[pa.Table], ordering: str | None, schema: pa.Schema) -> pa.Table:
+    """Merge the versions of a file slice (base first, then logs in write order) into `schema`'s columns.
+    Rows come sorted by key from the general merge, in no particular order from `newest_versions`."""
+    if ordering is None and (newest := newest_versions([t for t in tables if t.num_rows], schema)) is not None:
+        return newest
+    parts = [with_version(t, seq) for seq, t in enumerate(tables) if t.num_rows]
+    if not parts:
+        return schema.empty_table()
+    full = schema.append(pa.field(DELETED_COLUMN, pa.bool_())).append(pa.field(SEQ_COLUMN, pa.int64()))
+    combined = pa.concat_tables([_conform(p, full) for p in parts])
+    return survivors(combined, ordering).select(schema.names)
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    cols = [table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def newest_versions(parts: Sequence[pa.Table], schema: pa.Schema) -> pa.Table | None:
+    """The merge without an ordering field, where no part deletes and each holds a key at most once (a base
+    file, a log block: what writers write): the newest version of each key is a part's row whose key no later
+    part holds. No sort: a 94k-row SF 1 slice with two logs, 28.6 ms by sorting, 14.5 ms so. None where
+    the parts do not qualify."""
+    if not parts:
+        return schema.empty_table()
+    if any(DELETED_COLUMN in p.column_names and pc.any(p[DELETED_COLUMN]).as_py() for p in parts):
+        return None
+    keys = [p[KEY_COLUMN].combine_chunks() for p in parts]
+    if not all(_unique(k) for k in keys):
+        return None
+    every = pa.concat_arrays(keys)  # the keys of the parts after part i are one slice of it, not a copy
+    ends = np.cumsum([len(k) for k in keys])
+    kept = [part.filter(pc.invert(pc.is_in(keys[i], value_set=every.slice(int(ends[i])))))
+            for i, part in enumerate(parts[:-1])]
+    return pa.concat_tables([_conform(p, schema) for p in [*kept, parts[-1]]])
+
+
+def _unique(keys: pa.Array) -> bool:
+    """Whether no key repeats: strictly ascending keys (a base file's) are checked in one pass, others hashed."""
+    if len(keys) < 2:
+        return True
+    if pc.all(pc.less(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py():
+        return True
+    return pc.count_distinct(keys).as_py() == len(keys)

@@ -1,0 +1,251 @@
+"""Reading chosen rows of base files without reading their columns whole.
+
+Base files keep a page index (`key_pages.write_options`). For every column it says where each page lies
+and which row it starts at. pyarrow decodes whole column chunks and cannot skip pages, so the pages
+that hold the wanted rows are copied here into a small Parquet file made in memory: one column, one row
+group per source column chunk with its dictionary page, and a footer written with `thrift_compact`.
+pyarrow then decodes only those pages. One such file per column serves every base file a call touches.
+
+`Table.get` reads rows this way. It probes a key page per key (`KeyPages.probe`), then decodes the key pages
+that hold the keys, the same way, to find their rows.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from metatable.config import THREADS
+from metatable.errors import CorruptFileError
+from metatable.formats.key_pages import (
+    OpenFile, cached_per_file, footer_fields, key_pages, open_parquet, parquet_footer)
+from metatable.formats.thrift_compact import (
+    BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, page_locations, read_struct, struct_spans)
+from metatable.table_config import KEY_COLUMN
+
+SMALL_DICTIONARY = 64 << 10  # a dictionary page at most this big is copied without checking the pages use it
+_DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY
+
+
+@dataclass(frozen=True)
+class ChunkPages:
+    """One column chunk (a column of one row group): its data pages, and its dictionary page if any."""
+
+    meta: dict  # the ColumnMetaData fields the copy keeps: type, encodings, path, codec
+    dictionary: tuple[int, int] | None  # (offset, size)
+    offsets: np.ndarray
+    sizes: np.ndarray
+    first_rows: np.ndarray  # first row of each page, within the row group
+    rows: int
+
+
+@dataclass(frozen=True)
+class FilePages:
+    """Where every page of every column of a base file lies."""
+
+    path: str
+    names: tuple[str, ...]
+    elements: tuple[bytes, ...]  # each column's SchemaElement, as thrift bytes to copy
+    row_groups: tuple[tuple[ChunkPages, ...], ...]
+    row_starts: tuple[int, ...]  # first file row of each row group
+
+    def key_rows_of_pages(self, flat_pages: Sequence[int]) -> np.ndarray:
+        """The file rows of key-column pages numbered across row groups (as `KeyPages` numbers them)."""
+        column = self.names.index(KEY_COLUMN)
+        rows, first = [], 0
+        for start, group in zip(self.row_starts, self.row_groups):
+            chunk = group[column]
+            ends = np.r_[chunk.first_rows[1:], chunk.rows]
+            for page in (p - first for p in flat_pages if first <= p < first + len(chunk.offsets)):
+                rows.append(np.arange(start + chunk.first_rows[page], start + ends[page]))
+            first += len(chunk.offsets)
+        return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+
+
+@cached_per_file(maxsize=512)
+@footer_fields
+def file_pages(path: str) -> FilePages | None:
+    """The page layout of a base file, or None when it cannot serve row reads (a nested schema, a column
+    chunk without an offset index). Cached per file identity (`cached_per_file`)."""
+    raw, footer = parquet_footer(path)
+    with open_parquet(path) as file:
+        spans = struct_spans(raw, 0, 2, path)
+        schema = footer.get(2, [])
+        if any(element.get(5) for element in schema[1:]):
+            return None
+        names = tuple(element[4].decode() for element in schema[1:])
+        elements = tuple(raw[a:b] for a, b in spans[1:])
+        groups, starts, start = [], [], 0
+        for row_group in footer.get(4, []):
+            chunks = []
+            for chunk in row_group[1]:
+                if 4 not in chunk:
+                    return None
+                meta = chunk[3]
+                offsets, sizes, firsts = page_locations(file.read(chunk[5], chunk[4]), path)
+                dictionary = (meta[11], meta[9] - meta[11]) if meta.get(11) else None
+                chunks.append(ChunkPages({k: meta[k] for k in (1, 2, 3, 4)}, dictionary, offsets, sizes, firsts,
+                                         row_group[3]))
+            groups.append(tuple(chunks))
+            starts.append(start)
+            start += row_group[3]
+    return FilePages(path, names, elements, tuple(groups), tuple(starts))
+
+
+def read_rows(wanted: Sequence[tuple[FilePages, np.ndarray]], columns: Sequence[str]) -> list[pa.Table]:
+    """For each (file, ascending file rows): those rows of `columns`, each column of all the files decoded
+    from one small Parquet file of the pages that hold them."""
+    out: list[dict[str, pa.Array]] = [{} for _ in wanted]
+    with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-rows") as pool:  # decoding frees the GIL
+        for name, arrays in zip(columns, pool.map(lambda name: _read_column(wanted, name), columns)):
+            for i, array in enumerate(arrays):
+                out[i][name] = array
+    return [pa.table(arrays) if columns else pa.table({}) for arrays in out]
+
+
+def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> list[pa.Array]:
+    variants: dict[bytes, list[tuple]] = {}  # files whose column has another schema element get their own copy
+    decoded_rows: dict[bytes, int] = {}  # rows each variant's copy holds so far
+    owners: dict[bytes, list[str]] = {}  # the file of each group, to name a damaged one
+    places: list[tuple[bytes, np.ndarray]] = []
+    for pages, rows in wanted:
+        column = pages.names.index(name)
+        element = pages.elements[column]
+        groups = variants.setdefault(element, [])
+        base = decoded_rows.get(element, 0)
+        positions = []
+        with open_parquet(pages.path) as file:
+            for start, row_group in zip(pages.row_starts, pages.row_groups):
+                chunk = row_group[column]
+                mine = rows[(rows >= start) & (rows < start + chunk.rows)] - start
+                if not len(mine):
+                    continue
+                page_of = np.searchsorted(chunk.first_rows, mine, side="right") - 1
+                chosen = np.unique(page_of)
+                ends = np.r_[chunk.first_rows[1:], chunk.rows]
+                counts = ends[chosen] - chunk.first_rows[chosen]
+                begins = np.r_[0, np.cumsum(counts)[:-1]]
+                positions.append(base + begins[np.searchsorted(chosen, page_of)] + mine - chunk.first_rows[page_of])
+                data = [file.read(int(chunk.sizes[p]), int(chunk.offsets[p])) for p in chosen]
+                dictionary = _dictionary(file, chunk, data)
+                groups.append((chunk.meta, dictionary, data, int(counts.sum())))
+                owners.setdefault(element, []).append(pages.path)
+                base += int(counts.sum())
+        decoded_rows[element] = base
+        places.append((element, np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)))
+    decoded = {}
+    for element, groups in variants.items():
+        if groups:
+            try:
+                decoded[element] = _decode(element, groups)
+            except (OSError, pa.ArrowException) as e:
+                raise _damaged(element, groups, owners[element], name, e) from None
+    return [decoded[element].take(pa.array(positions)) if len(positions) else _empty(decoded, element)
+            for element, positions in places]
+
+
+def _decode(element: bytes, groups: list[tuple]) -> pa.Array:
+    """The pages decoded. `ParquetFile`, not `pq.read_table`: that imports `pyarrow.dataset` (and pandas) on
+    first use, 0.15 s that a `get` in a fresh process would pay."""
+    with pq.ParquetFile(pa.BufferReader(mini_parquet(element, groups)), page_checksum_verification=True) as file:
+        return file.read().column(0).combine_chunks()
+
+
+def _damaged(element: bytes, groups: list[tuple], owners: list[str], name: str, error: Exception) -> CorruptFileError:
+    """The error naming the file whose pages do not decode: each file's pages decoded on their own."""
+    for path in dict.fromkeys(owners):
+        try:
+            _decode(element, [g for g, owner in zip(groups, owners) if owner == path])
+        except (OSError, pa.ArrowException) as e:
+            return CorruptFileError(path, f"the pages of column {name!r} do not decode: {e}")
+    return CorruptFileError(owners[0], f"the pages of column {name!r} do not decode together: {error}")
+
+
+def _empty(decoded: dict[bytes, pa.Array], element: bytes) -> pa.Array:
+    return decoded[element].slice(0, 0) if element in decoded else pa.array([], pa.null())
+
+
+def _dictionary(file: OpenFile, chunk: ChunkPages, data: list[bytes]) -> bytes | None:
+    """The chunk's dictionary page when any chosen page needs it (a big one is checked against the pages'
+    encodings: a writer falls back to PLAIN once the dictionary outgrows its limit)."""
+    if chunk.dictionary is None:
+        return None
+    offset, size = chunk.dictionary
+    if size > SMALL_DICTIONARY and not any(_dictionary_encoded(page, file.path) for page in data):
+        return None
+    return file.read(size, offset)
+
+
+def _dictionary_encoded(page: bytes, path: str) -> bool:
+    header, _ = read_struct(page, 0, path)
+    body = header.get(5) or header.get(8) or {}
+    return body.get(2 if 5 in header else 4) in _DICTIONARY_ENCODINGS
+
+
+def _uncompressed_size(page: bytes) -> int:
+    """A page's header and uncompressed body size."""
+    sizes = leading_ints(page, 3)
+    return len(page) if sizes is None else len(page) - sizes[2] + sizes[1]
+
+
+def mini_parquet(element: bytes, groups: list[tuple[dict, bytes | None, list[bytes], int]]) -> bytes:
+    """A Parquet file of one column (schema element `element`) whose row groups are the given pages:
+    (column metadata, dictionary page or None, data pages, rows)."""
+    out = bytearray(b"PAR1")
+    row_groups = []
+    total = 0
+    for meta, dictionary, pages, rows in groups:
+        start = len(out)
+        dictionary_offset = None
+        if dictionary is not None:
+            dictionary_offset = len(out)
+            out += dictionary
+        data_offset = len(out)
+        for page in pages:
+            out += page
+        stored = len(out) - start
+        uncompressed = sum(_uncompressed_size(page) for page in ([dictionary] if dictionary else []) + pages)
+        fields = [(1, I32, meta[1]), (2, LIST, (I32, meta[2])), (3, LIST, (BINARY, meta[3])), (4, I32, meta[4]),
+                  (5, I64, rows), (6, I64, uncompressed), (7, I64, stored), (9, I64, data_offset)]
+        if dictionary_offset is not None:
+            fields.append((11, I64, dictionary_offset))
+        chunk = encode_struct([(2, I64, start), (3, STRUCT, encode_struct(fields))])
+        row_groups.append(encode_struct([(1, LIST, (STRUCT, [chunk])), (2, I64, stored), (3, I64, rows)]))
+        total += rows
+    root = encode_struct([(4, BINARY, b"schema"), (5, I32, 1)])
+    footer = encode_struct([(1, I32, 1), (2, LIST, (STRUCT, [root, element])), (3, I64, total),
+                            (4, LIST, (STRUCT, row_groups))])
+    out += footer + len(footer).to_bytes(4, "little") + b"PAR1"
+    return bytes(out)
+
+
+def rows_of_keys(paths: Sequence[str], keys: Sequence[pa.Array]) -> list[tuple[FilePages, np.ndarray] | None]:
+    """For each base file and the keys wanted from it: the file rows that hold them (ascending). The keys
+    the file holds are found by probing a key page each (`KeyPages.probe`: a key absent from a file, as
+    when a key is looked for in every partition, costs one page read); the pages holding those are then
+    decoded to find their rows. None for a file without the page layout this needs."""
+    plans: list[tuple[FilePages, np.ndarray] | None] = []
+    candidates = []
+    for path, wanted in zip(paths, keys):
+        pages, index = file_pages(path), key_pages(path)
+        if pages is None or index is None:
+            plans.append(None)
+            continue
+        _, holding, _ = index.probe(wanted.to_pylist())  # one key page probed per key, its rows not decoded
+        rows = pages.key_rows_of_pages(sorted(holding))
+        plans.append((pages, rows))
+        if len(rows):
+            candidates.append(len(plans) - 1)
+    read = read_rows([plans[i] for i in candidates], [KEY_COLUMN])
+    for i, table in zip(candidates, read):
+        pages, rows = plans[i]
+        where = pc.index_in(keys[i], value_set=table[KEY_COLUMN])
+        found = where.filter(pc.is_valid(where)).to_numpy(zero_copy_only=False).astype(np.int64)
+        plans[i] = (pages, np.unique(rows[found]))  # a key asked twice is read once
+    return plans
+

@@ -1,0 +1,310 @@
+"""A reader for Thrift's compact protocol, enough to decode Parquet's footer, page index and page headers.
+
+pyarrow parses Parquet footers but does not expose the page index (where each page of a column
+starts, and its min/max), which point lookups need. A struct decodes to a dict from field id to value;
+lists and sets to lists; maps to dicts; binaries stay bytes.
+
+Plain functions over (buffer, position): this shape measured 2.5x faster than a reader object (3 vs
+7 us for a page header), and `leading_ints` reads a page header's type and sizes without the rest,
+`leading_list_size` an offset index's page count without the pages.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from metatable.errors import CorruptFileError
+
+_DOUBLE = struct.Struct("<d")
+_BOOL_TRUE, _BOOL_FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE_T, _BINARY, _LIST, _SET, _MAP, _STRUCT = range(1, 13)
+
+
+def read_struct(buffer: bytes, position: int, what: str) -> tuple[dict[int, Any], int]:
+    """The struct at `position` of `buffer` (read from the file `what`) and the position just after it."""
+    try:
+        return _struct(buffer, position, what)
+    except (IndexError, struct.error):
+        raise CorruptFileError(what, "thrift data ends inside a value") from None
+
+
+def leading_ints(buffer: bytes, count: int) -> list[int] | None:
+    """Fields 1..count of the struct at the start of `buffer` when they come first and are integers (as
+    a Parquet page header's type and sizes do), without decoding the rest; else None."""
+    values = []
+    position = 0
+    try:
+        for _ in range(count):
+            header = buffer[position]
+            if header >> 4 != 1 or not _I16 <= header & 0x0F <= _I64:
+                return None
+            n = shift = 0
+            while True:  # _varint, inline: this runs once per key looked up
+                position += 1
+                byte = buffer[position]
+                n |= (byte & 0x7F) << shift
+                if byte < 0x80:
+                    break
+                shift += 7
+            position += 1
+            values.append((n >> 1) ^ -(n & 1))
+    except IndexError:
+        return None
+    return values
+
+
+def leading_list_size(buffer: bytes) -> int | None:
+    """The length of the list that is field 1 of the struct at the start of `buffer` (an offset index's page
+    locations), without decoding its items; None when the struct does not start that way."""
+    try:
+        return _list_header(buffer, 1)[0] if buffer[0] == 0x10 | _LIST else None
+    except IndexError:
+        return None
+
+
+def page_locations(buffer: bytes, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An offset index's page locations (field 1 of the struct at the start of `buffer`) as three int64
+    arrays: each page's byte offset, stored size and first row. Writers encode every location alike, so
+    they decode all at once with numpy (`_uniform_locations`); any other encoding goes through
+    `read_struct`."""
+    uniform = _uniform_locations(buffer)
+    if uniform is not None:
+        return uniform
+    locations = read_struct(buffer, 0, what)[0].get(1, [])
+    return tuple(np.array([location[k] for location in locations], dtype=np.int64)  # type: ignore[return-value]
+                 for k in (1, 2, 3))
+
+
+# A PageLocation as writers encode it: a header byte for field 1 (i64), a varint, field 2 (i32), a varint,
+# field 3 (i64), a varint, the stop byte. Seven tokens, each ending at the first byte below 0x80.
+_LOCATION_TOKENS = 7
+_LOCATION_HEADERS = np.array([0x10 | _I64, 0x10 | _I32, 0x10 | _I64, 0], dtype=np.uint8)
+
+
+def _uniform_locations(buffer: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`page_locations` when every location is the seven tokens above and the struct ends well after them,
+    else None. Measured on the 56 base files of an SF 1 table (18 columns, 2,048-row pages): 148 -> 41 ms
+    for all 1,008 offset indexes."""
+    try:
+        if buffer[0] != 0x10 | _LIST:
+            return None
+        size, element, position = _list_header(buffer, 1)
+    except IndexError:
+        return None
+    if element != _STRUCT or not size:
+        return None
+    data = np.frombuffer(buffer, dtype=np.uint8, offset=position)
+    ends = np.flatnonzero(data < 0x80)[:_LOCATION_TOKENS * size]
+    if len(ends) < _LOCATION_TOKENS * size or not _ends_well(buffer, position + int(ends[-1]) + 1):
+        return None
+    starts = np.concatenate([[0], ends[:-1] + 1]).reshape(size, _LOCATION_TOKENS)
+    widths = ends.reshape(size, _LOCATION_TOKENS) - starts + 1
+    if (widths[:, 0::2] != 1).any() or (data[starts[:, 0::2]] != _LOCATION_HEADERS).any() \
+            or (widths[:, 1::2] > 10).any():
+        return None
+    width = int(widths[:, 1::2].max(initial=1))
+    shifts = np.arange(width)
+    at = starts[:, 1::2, None] + shifts  # every byte of every varint, padded to the widest
+    groups = (data[np.minimum(at, len(data) - 1)] & 0x7F).astype(np.uint64) << (7 * shifts).astype(np.uint64)
+    n = np.where(shifts < widths[:, 1::2, None], groups, 0).sum(axis=-1, dtype=np.uint64)
+    values = (n >> np.uint64(1)).astype(np.int64) ^ -(n & np.uint64(1)).astype(np.int64)
+    return values[:, 0].copy(), values[:, 1].copy(), values[:, 2].copy()
+
+
+def _ends_well(buffer: bytes, position: int) -> bool:
+    """Whether an offset index ends at `position` (the stop byte) or after the list of i64 that may follow
+    its locations (field 2, each BYTE_ARRAY page's unencoded size), as writers encode them; the generic
+    decoder checks any other ending."""
+    rest = buffer[position:]
+    if rest == b"\x00":
+        return True
+    try:
+        if rest[0] != 0x10 | _LIST:  # field 2 (the delta from field 1)
+            return False
+        size, element, start = _list_header(rest, 1)
+    except IndexError:
+        return False
+    ends = np.flatnonzero(np.frombuffer(rest, dtype=np.uint8, offset=start) < 0x80)
+    return element == _I64 and len(ends) == size + 1 and start + int(ends[-1]) == len(rest) - 1 and rest[-1] == 0
+
+
+def _varint(buffer: bytes, position: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buffer[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, position
+        shift += 7
+
+
+def _field_header(buffer: bytes, position: int, field_id: int) -> tuple[int, int, int]:
+    """(kind, field id, position after) of the field header at `position`; kind 0 ends the struct."""
+    header = buffer[position]
+    if header >> 4 or not header:  # a field id delta, or the stop byte
+        return header & 0x0F, field_id + (header >> 4), position + 1
+    n, position = _varint(buffer, position + 1)
+    return header & 0x0F, (n >> 1) ^ -(n & 1), position
+
+
+def _list_header(buffer: bytes, position: int) -> tuple[int, int, int]:
+    """(size, element kind, position after) of a list or set header."""
+    header = buffer[position]
+    size, element = header >> 4, header & 0x0F
+    if size == 15:
+        size, position = _varint(buffer, position + 1)
+        return size, element, position
+    return size, element, position + 1
+
+
+def _struct(buffer: bytes, position: int, what: str) -> tuple[dict[int, Any], int]:
+    fields: dict[int, Any] = {}
+    field_id = 0
+    while True:  # `_field_header` inlined: a call per field measured 8% slower on page indexes
+        header = buffer[position]
+        position += 1
+        kind = header & 0x0F
+        if kind == 0:
+            return fields, position
+        if header >> 4:
+            field_id += header >> 4
+        else:
+            n, position = _varint(buffer, position)
+            field_id = (n >> 1) ^ -(n & 1)
+        if kind <= _BOOL_FALSE:
+            fields[field_id] = kind == _BOOL_TRUE
+        elif _I16 <= kind <= _I64:
+            n, position = _varint(buffer, position)
+            fields[field_id] = (n >> 1) ^ -(n & 1)
+        else:
+            fields[field_id], position = _value(buffer, position, kind, what)
+
+
+def _value(buffer: bytes, position: int, kind: int, what: str) -> tuple[Any, int]:
+    if _I16 <= kind <= _I64:
+        n, position = _varint(buffer, position)
+        return (n >> 1) ^ -(n & 1), position
+    if kind == _BINARY:
+        n, position = _varint(buffer, position)
+        return _take(buffer, position, n)
+    if kind == _STRUCT:
+        return _struct(buffer, position, what)
+    if kind in (_LIST, _SET):
+        size, element, position = _list_header(buffer, position)
+        if element in (_BOOL_TRUE, _BOOL_FALSE):  # booleans in containers take one byte each
+            flags, position = _take(buffer, position, size)
+            return [b == _BOOL_TRUE for b in flags], position
+        items = []
+        if element == _BINARY:  # min/max values of a page index: thousands, so decoded inline
+            for _ in range(size):
+                n, position = _varint(buffer, position)
+                items.append(buffer[position:position + n])
+                position += n
+            if position > len(buffer):
+                raise IndexError(position)
+        elif element == _STRUCT:
+            for _ in range(size):
+                item, position = _struct(buffer, position, what)
+                items.append(item)
+        else:
+            for _ in range(size):
+                item, position = _value(buffer, position, element, what)
+                items.append(item)
+        return items, position
+    if kind == _MAP:
+        size, position = _varint(buffer, position)
+        if not size:
+            return {}, position
+        types = buffer[position]
+        position += 1
+        entries = {}
+        for _ in range(size):
+            key, position = _value(buffer, position, types >> 4, what)
+            entries[key], position = _value(buffer, position, types & 0x0F, what)
+        return entries, position
+    if kind == _BYTE:
+        raw, position = _take(buffer, position, 1)
+        return int.from_bytes(raw, "little", signed=True), position
+    if kind == _DOUBLE_T:
+        return _DOUBLE.unpack_from(buffer, position)[0], position + 8
+    raise CorruptFileError(what, f"unknown thrift type {kind} at byte {position}")
+
+
+def _take(buffer: bytes, position: int, n: int) -> tuple[bytes, int]:
+    end = position + n
+    if end > len(buffer):
+        raise IndexError(end)
+    return buffer[position:end], end
+
+
+def struct_spans(buffer: bytes, position: int, field: int, what: str) -> list[tuple[int, int]]:
+    """Where each struct of the list in field `field` of the struct at `position` starts and ends, so that
+    a writer can copy them verbatim (a Parquet footer's schema elements)."""
+    field_id = 0
+    try:
+        while True:
+            kind, field_id, position = _field_header(buffer, position, field_id)
+            if kind == 0:
+                return []
+            if field_id == field and kind == _LIST:
+                size, _, position = _list_header(buffer, position)
+                spans = []
+                for _ in range(size):
+                    _, end = _struct(buffer, position, what)
+                    spans.append((position, end))
+                    position = end
+                return spans
+            if kind > _BOOL_FALSE:
+                _, position = _value(buffer, position, kind, what)
+    except (IndexError, struct.error):
+        raise CorruptFileError(what, "thrift data ends inside a value") from None
+
+
+# -- writing: only what a Parquet footer needs (i32, i64, binary, lists of those or of structs) ----------
+I32, I64, BINARY, LIST, STRUCT = _I32, _I64, _BINARY, _LIST, _STRUCT
+
+
+def _varint_bytes(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        if n < 0x80:
+            out.append(n)
+            return bytes(out)
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+
+
+def _zigzag(n: int) -> bytes:
+    return _varint_bytes((n << 1) ^ (n >> 63))
+
+
+def encode_struct(fields: list[tuple[int, int, Any]]) -> bytes:
+    """A struct of (field id, kind, value), ids ascending. A STRUCT value is its encoded bytes; a LIST value
+    is (element kind, items), items encoded as the element kind (structs as their bytes)."""
+    out = bytearray()
+    last = 0
+    for field_id, kind, value in fields:
+        delta = field_id - last
+        out += bytes([(delta << 4) | kind]) if 0 < delta <= 15 else bytes([kind]) + _zigzag(field_id)
+        last = field_id
+        out += _encode_value(kind, value)
+    out.append(0)
+    return bytes(out)
+
+
+def _encode_value(kind: int, value: Any) -> bytes:
+    if kind in (_I32, _I64):
+        return _zigzag(value)
+    if kind == _BINARY:
+        return _varint_bytes(len(value)) + value
+    if kind == _STRUCT:
+        return value
+    if kind == _LIST:
+        element, items = value
+        header = bytes([(len(items) << 4) | element]) if len(items) < 15 \
+            else bytes([0xF0 | element]) + _varint_bytes(len(items))
+        return header + b"".join(_encode_value(element, item) for item in items)
+    raise ValueError(f"cannot encode thrift type {kind}")
+

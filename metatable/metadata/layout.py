@@ -1,0 +1,115 @@
+"""Where a metadata table's files are: partitions, their file groups, and the names of new files.
+
+Each partition has a fixed number of file groups; a key goes to file group `hash32(key) % n`, whose id is
+`<partition with '-' for '_'>-<NNNN>`. A file group's latest slice is resolved from a directory listing:
+its newest SST base of a completed compaction, plus the logs written after it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any, Iterable, Mapping
+
+from indexes.keys import hash32
+
+from metatable.errors import InvalidInputError, UnknownPartitionError
+from metatable.file_group.base_file import BaseFile
+from metatable.file_group.file_slice import FileSlice
+from metatable.formats.log_file import LogFile
+from metatable.formats.sst_file import SstCache
+from metatable.metadata.file_group import SST_EXTENSION, MetadataFileGroup, Snapshot, resolve_slice
+from metatable.metadata.records import KINDS, RecordKind
+from metatable.storage.base import Storage, read_json
+from metatable.storage.paths import TablePaths
+
+COMPACTION_TOKEN = "compacted"  # fixed, so a resumed compaction rewrites its base instead of leaving a twin
+
+
+def file_group_id(partition: str, index: int) -> str:
+    return f"{partition.replace('_', '-')}-{index:04d}"
+
+
+def kind_of(partition: str, valid: Iterable[str]) -> RecordKind:
+    if partition not in valid or partition not in KINDS:
+        raise UnknownPartitionError(f"unknown metadata partition {partition!r}; this table has: "
+                                    f"{', '.join(sorted(valid))}")
+    return KINDS[partition]
+
+
+class MetadataLayout:
+    def __init__(self, storage: Storage, paths: TablePaths, partitions: Mapping[str, int]) -> None:
+        self.storage = storage
+        self.paths = paths
+        self.partitions = dict(partitions)
+        self.sst_cache = SstCache(paths.sst_cache)
+
+    def reload(self) -> bool:
+        """Re-read the partitions from the properties (the data table's indexer adds and drops them); returns
+        whether they changed."""
+        partitions = dict(read_json(self.storage, self.paths.properties, metadata=True)["partitions"])
+        changed = partitions != self.partitions
+        self.partitions = partitions
+        return changed
+
+    def save(self, partitions: Mapping[str, int]) -> None:
+        """Replace the partitions in the properties (atomically; callers hold the lock)."""
+        props = read_json(self.storage, self.paths.properties, metadata=True)
+        props["partitions"] = dict(partitions)
+        self.storage.write_atomic(self.paths.properties, json.dumps(props, indent=2, sort_keys=True).encode())
+        self.partitions = dict(partitions)
+
+    def kind(self, partition: str) -> RecordKind:
+        return kind_of(partition, self.partitions)
+
+    def dir(self, partition: str) -> str:
+        return os.path.join(self.paths.root, partition)
+
+    def path(self, relative: str) -> str:
+        """A file named relative to the root (`<partition>/<name>`, as plans and instants list them)."""
+        return os.path.join(self.paths.root, relative)
+
+    def file_group_index(self, partition: str, key: str) -> int:
+        return hash32(key) % self.partitions[partition]
+
+    def file_groups(self) -> list[tuple[str, int, str]]:
+        """(partition, index, file id) of every file group."""
+        return [(p, i, file_group_id(p, i)) for p, n in self.partitions.items() for i in range(n)]
+
+    def listing(self, partition: str) -> list[str]:
+        return self.storage.list(self.dir(partition))
+
+    def slice(self, partition: str, index: int, names: list[str], compactions: frozenset[str]) -> FileSlice:
+        return resolve_slice(partition, file_group_id(partition, index), names, compactions)
+
+    def group(self, fs: FileSlice, snapshot: Snapshot) -> MetadataFileGroup:
+        return MetadataFileGroup(self.storage, self.dir(fs.partition), fs, self.kind(fs.partition), snapshot,
+                                 self.sst_cache)
+
+    def compacted_base(self, file_id: str, instant: str) -> BaseFile:
+        return BaseFile(file_id, COMPACTION_TOKEN, instant, SST_EXTENSION)
+
+    def next_logs(self, partition: str, indexes: Iterable[int], time: str, compactions: frozenset[str],
+                  pending_compactions: Mapping[str, Mapping[str, Any]], token: str | None = None) -> dict[int, LogFile]:
+        """The next log name per file group at `time`, in the slice new writes belong to: the latest
+        completed base's, or a pending compaction's (`pending_compactions`: instant -> plan). `token`: the
+        write token (default `<time>-<random>`)."""
+        names = self.listing(partition)
+        out = {}
+        for index in indexes:
+            file_id = file_group_id(partition, index)
+            base_instant = resolve_slice(partition, file_id, names, compactions).base_instant
+            for instant, plan in pending_compactions.items():
+                if file_id in plan.get("file_groups", {}):
+                    base_instant = max(base_instant, instant)
+            prefix = f".{file_id}_{base_instant}.log."
+            versions = [LogFile.parse(n).version for n in names if n.startswith(prefix) and LogFile.is_log_name(n)]
+            out[index] = LogFile(file_id, base_instant, max(versions, default=0) + 1,
+                                 token or f"{time}-{uuid.uuid4().hex[:8]}")
+        return out
+
+
+def check_key(key: str) -> str:
+    if not isinstance(key, str) or not key:
+        raise InvalidInputError(f"metadata keys are non-empty strings, got {key!r}")
+    return key

@@ -1,0 +1,5 @@
+"""Reads: scan plans with partition and column-stats skipping (`reads`, `scan_filter`), finding keys among
+file slices or in the metadata indexes (`locator`), and `Table.lookup` / `Table.get` (`key_lookup`).
+
+May import: `spark` and every layer below it.
+"""

@@ -1,0 +1,168 @@
+"""Where keys live (`Table.lookup`): through the table's own index, or the three-level metadata lookup; and
+their rows (`Table.get`), read from only the file slices that hold them.
+
+A ready record index answers with one batched metadata multi-get. Otherwise the bucket index computes each
+key's file group (level 1), then the bloom filters (when the table has them) and the files confirm; the
+metadata path prunes by column-stats key ranges, then bloom filters, then the files. All read only the file
+slices of the latest snapshot.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from indexes.arrow_keys import pair_groups, partition_paths, record_keys
+
+from metatable.commit.context import TableContext
+from metatable.commit.timeline_view import TimelineView
+from metatable.config import THREADS
+from metatable.errors import InvalidInputError
+from metatable.file_group.record_merge import merge_versions
+from metatable.file_group.slice_reader import base_path, log_tables, read_slice
+from metatable.formats.key_pages import key_pages, worth_probing
+from metatable.formats.row_pages import read_rows, rows_of_keys
+from metatable.read.locator import Explain, FileIdsOf, MetadataIndex, RecordIndex, SliceLocator
+from metatable.table_config import KEY_COLUMN
+
+
+def keys_table(data: Any) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if type(data).__name__ == "DataFrame" and hasattr(data, "toArrow"):
+        return data.toArrow()  # a lookup's keys are a small, narrow set
+    raise InvalidInputError(f"lookup keys must be a pyarrow Table or a Spark DataFrame, got {type(data).__name__}")
+
+
+def computed_file_ids(context: TableContext, view: TimelineView) -> FileIdsOf | None:
+    """How the table's index computes a key's file group, None when it has to be looked up."""
+    index = context.config.index
+    if index.type != "bucket":
+        return None
+    assigner = view.bucket_assigner(index)
+
+    def file_ids_of(keys: pa.Array, partitions: Sequence[str]) -> dict[str, pa.Array]:
+        """In one call for every partition: a call per partition cost a `get` of 7 partitions 2 ms."""
+        if not partitions:
+            return {}
+        n = len(keys)
+        every = assigner.file_ids(keys.take(np.tile(np.arange(n), len(partitions))),
+                                  pa.array(partitions, pa.string()).take(np.repeat(np.arange(len(partitions)), n)))
+        return {p: every.slice(i * n, n) for i, p in enumerate(partitions)}
+    return file_ids_of
+
+
+def locate(context: TableContext, index: MetadataIndex, data: pa.Table, by_metadata: bool,
+           view: TimelineView) -> tuple[pa.Table, Explain]:
+    config = context.config
+    keys = record_keys(data, config.record_key).combine_chunks()
+    scoped = all(c in data.column_names for c in config.partition_by)
+    partitions = partition_paths(data, config.partition_by).combine_chunks() if scoped else None
+    return locate_keys(context, index, keys, partitions, by_metadata, view)
+
+
+def locate_keys(context: TableContext, index: MetadataIndex, keys: pa.Array, partitions: pa.Array | None,
+                by_metadata: bool, view: TimelineView) -> tuple[pa.Table, Explain]:
+    """`locate` of record keys, each in its partition path (or in any, without `partitions`)."""
+    config = view.config
+    if "record_index" in config.metadata_indexes and not by_metadata:
+        explain = Explain("record_index")
+        every = view.partitions if partitions is None and not config.keys_unique_across_partitions else ()
+        out_partition, out_file = RecordIndex(context.metadata, config).locate(keys, partitions, every)
+    else:
+        file_ids_of = None if by_metadata else computed_file_ids(context, view)
+        explain = Explain("bucket" if file_ids_of else "metadata (column_stats ranges, bloom filters)")
+        ready = config.metadata_indexes
+        locator = SliceLocator(context.storage, context.paths, config, view.file_slices,
+                               partial(index.ranges, ready=ready), partial(index.filters, ready=ready))
+        out_partition, out_file = locator.locate(keys, partitions, file_ids_of, explain)
+    result = pa.table({"key": keys, "partition": out_partition, "file_id": out_file})
+    return result, explain
+
+
+def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table, view: TimelineView) -> pa.Table:
+    """The rows of the keys that exist (in the table's columns), from the file slices that may hold them. A
+    bucket index computes those slices (reading is itself the check); other indexes locate the keys first.
+    From a base file, when the keys are few next to its key pages, only a key page per key is read, then
+    only the pages of the other columns that hold their rows (`row_pages`); the slice's logs are merged on
+    top. Measured at SF 1, 1,000 keys, a fresh process: 2.96 s reading whole slices, 1.46 s so."""
+    config = view.config
+    schema, storage_schema = config.schema, config.storage_schema
+    slices = [(view.file_slices[group], keys) for group, keys in candidate_slices(context, index, data, view).items()]
+    paged = [i for i, (fs, keys) in enumerate(slices) if fs.base and few_keys(base_path(context.paths, fs), keys)]
+    plans = rows_of_keys([base_path(context.paths, slices[i][0]) for i in paged], [slices[i][1] for i in paged])
+    readable = [(i, plan) for i, plan in zip(paged, plans) if plan is not None]
+    bases = dict(zip([i for i, _ in readable], read_rows([plan for _, plan in readable], storage_schema.names)))
+
+    def rows_of(i: int) -> pa.Table:
+        fs, keys = slices[i]
+        if i in bases:
+            base = pa.table([bases[i][f.name].cast(f.type) for f in storage_schema], schema=storage_schema)
+        else:  # the keys' rows picked before the merge, which then sorts only those
+            base = with_keys(read_slice(context.storage, context.paths, config, fs, read_optimized=True), keys)
+        logs = [with_keys(t, keys) for t in log_tables(context.storage, context.paths, config, fs,
+                                                       config.log_schema.names)]
+        if not any(t.num_rows for t in logs):
+            return base
+        return merge_versions([base, *logs], config.ordering_field, storage_schema)
+
+    with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-get") as pool:
+        parts = [rows.select(schema.names).cast(schema) for rows in pool.map(rows_of, range(len(slices)))]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def with_keys(rows: pa.Table, keys: pa.Array) -> pa.Table:
+    """The rows whose record key is one of `keys` (the few keys hashed, the many rows probed)."""
+    return rows.filter(pc.is_in(rows[KEY_COLUMN], value_set=keys))
+
+
+def few_keys(path: str, keys: pa.Array) -> bool:
+    """Whether reading `keys` page by page beats reading the base file whole."""
+    return worth_probing(path, len(keys)) and key_pages(path) is not None
+
+
+def candidate_slices(context: TableContext, index: MetadataIndex, data: pa.Table,
+                     view: TimelineView) -> dict[tuple[str, str], pa.Array]:
+    """(partition, file id) -> the keys to look for in that file slice."""
+    config = view.config
+    file_ids_of = computed_file_ids(context, view)
+    scoped = all(c in data.column_names for c in config.partition_by)
+    if file_ids_of is None or "record_index" in config.metadata_indexes:
+        if scoped or config.keys_unique_across_partitions:
+            located, _ = locate(context, index, data, False, view)
+        else:  # a key may live in several partitions: look for it in each
+            keys = record_keys(data, config.record_key).combine_chunks()
+            paths = view.partitions
+            each_key = pa.array(np.repeat(np.arange(len(keys)), len(paths)))
+            each_path = pa.array(np.tile(np.arange(len(paths)), len(keys)))
+            located, _ = locate_keys(context, index, keys.take(each_key),
+                                     pa.array(paths, pa.string()).take(each_path), False, view)
+        return keys_by_slice(located.filter(pc.is_valid(located["file_id"])), view)
+    keys = record_keys(data, config.record_key).combine_chunks()
+    if scoped:
+        partitions = partition_paths(data, config.partition_by).combine_chunks()
+        candidates = pa.table({"key": keys, "partition": partitions,
+                               "file_id": view.bucket_assigner(config.index).file_ids(keys, partitions)})
+    else:  # every partition may hold the key
+        computed = file_ids_of(keys, view.partitions)
+        if not computed:
+            return {}
+        candidates = pa.concat_tables([pa.table({"key": keys, "partition": pa.repeat(pa.scalar(p, pa.string()),
+                                                                                      len(keys)), "file_id": ids})
+                                       for p, ids in computed.items()])
+    return keys_by_slice(candidates, view)
+
+
+def keys_by_slice(candidates: pa.Table, view: TimelineView) -> dict[tuple[str, str], pa.Array]:
+    """The distinct keys of each (partition, file id) of `candidates` that names a file slice."""
+    partitions, file_ids = candidates["partition"], candidates["file_id"]
+    out = {}
+    for rows in pair_groups(partitions, file_ids):
+        group = (partitions[int(rows[0])].as_py(), file_ids[int(rows[0])].as_py())
+        if group in view.file_slices:
+            out[group] = pc.unique(candidates["key"].take(rows))
+    return out

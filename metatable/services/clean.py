@@ -1,0 +1,136 @@
+"""Clean, a table service: delete file slices that none of the last `clean.retain_commits` completed
+instants can read (older slices of a file group; every slice of a file group that a clustering replaced at
+or before the oldest retained instant), and tombstone them in `files`, `column_stats` and `bloom_filter`.
+
+Clean keeps what an inflight write may still read: the horizon is never past the last instant completed
+before the oldest pending write began. Clean only goes forward: it deletes the planned files first, then
+commits their tombstones. A clean whose process died is finished (its deletes are idempotent) by the next
+clean or the next writer's recovery, so nothing it planned is left behind unreferenced.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from metatable.commit.conflicts import Committer
+from metatable.commit.context import TableContext
+from metatable.commit.data_commit import Commit, commit, completed_at, files_record
+from metatable.commit.index_records import cleaned_bases, removed_bases_records
+from metatable.commit.leftovers import sweep
+from metatable.faults import crash_point
+from metatable.file_group.base_file import PARQUET, BaseFile
+from metatable.file_group.file_slice import parse_names
+from metatable.formats.log_file import LogFile
+from metatable.timeline.instant import DATA_ACTIONS, WRITE_ACTIONS, Action, Instant, datetime_from_time
+from metatable.timeline.lifecycle import Service, run_due
+from metatable.timeline.transaction import Content
+
+log = logging.getLogger(__name__)
+
+
+def clean(context: TableContext) -> str | None:
+    """Run a due clean; when one ran, also sweep what dead processes left (`commit.leftovers.sweep`: staging files,
+    markers, spilled input). The sweep walks the table, so it rides along with cleans, which come every
+    `clean.retain_commits` commits or so, not with every inline call after a commit."""
+    run = run_due(context.transactions, service(context))
+    if run.instant is not None:
+        sweep(context)
+    return run.instant.time if run.instant else None
+
+
+def finish(context: TableContext, instant: Instant) -> None:
+    """Finish a clean whose process died (called by recovery, under the lock)."""
+    execute(context, context.transactions.take(instant), context.timeline.plan(instant))
+
+
+def seen_by_inflight_writes(context: TableContext) -> set[str] | None:
+    """The completed data instants that every inflight write saw when it began (those whose commit completed
+    before the oldest inflight write's instant time); None when no write is inflight."""
+    pending = [i.time for i in context.timeline.pending(WRITE_ACTIONS)]
+    if not pending:
+        return None
+    start = min(pending)
+    start_ns = int(datetime_from_time(start).timestamp() * 1e9)
+    return {i.time for i in context.timeline.completed(DATA_ACTIONS)
+            if i.time < start and completed_at(context, i) < start_ns}
+
+
+def file_id_of(name: str) -> str:
+    return LogFile.parse(name).file_id if LogFile.is_log_name(name) else BaseFile.parse(name).file_id
+
+
+def settled_instants(context: TableContext, retain: int) -> tuple[set[str], str] | None:
+    """The completed data instants whose slices every reader that clean protects reads (or newer ones), and
+    the oldest time whose snapshot stays readable once the slices they supersede go (`readable_from`: the
+    newest of them); None when nothing is settled.
+
+    Retention counts completions, not instant times: the retained instants are the last `retain` to
+    complete, so a compaction scheduled early and completed late retires the slices it supersedes only once
+    `retain` more instants completed after it (a read that began before it completed still reads them).
+    Settled are the instants that completed before all of them and are older than every one of them (time
+    travel to any retained instant picks their slices or newer). Inflight writes and pending indexings read
+    a snapshot of their own: nothing they may read is settled."""
+    completed = context.timeline.completed(DATA_ACTIONS)
+    if len(completed) <= retain:
+        return None
+    by_completion = sorted(completed, key=lambda i: (completed_at(context, i), i.time))
+    oldest_retained = min(i.time for i in by_completion[-retain:])
+    settled = {i.time for i in by_completion[:-retain] if i.time <= oldest_retained}
+    seen = seen_by_inflight_writes(context)
+    if seen is not None:  # an inflight write reads the slices its view saw
+        settled &= seen
+    for indexing in context.timeline.pending([Action.INDEXING]):  # an indexing builds from its snapshot
+        up_to = (context.timeline.plan(indexing) or {}).get("up_to")
+        if up_to:
+            log.info("clean keeps the snapshot as of %s for pending indexing %s", up_to, indexing.time)
+            settled = {t for t in settled if t <= up_to}
+    if not settled:
+        return None
+    return settled, max(settled)
+
+
+def service(context: TableContext) -> Service[None]:
+    def plan() -> Content | None:
+        found = settled_instants(context, context.config.options["clean.retain_commits"])
+        if found is None:
+            return None
+        settled, readable_from = found
+        doomed: dict[str, list[str]] = {}
+        view = context.view()
+        gone = {(p, fid) for instant, meta in view.replacements if instant.time in settled
+                for p, ids in meta.get("replaced", {}).items() for fid in ids}  # no retained instant reads them
+        for partition, names in view.live_files.items():
+            bases, logs = parse_names(names, PARQUET)
+            here = [n for n in names if (partition, file_id_of(n)) in gone]
+            if here:
+                doomed.setdefault(partition, []).extend(here)
+            for file_id in {b.file_id for b in bases} - {fid for p, fid in gone if p == partition}:
+                mine = [b for b in bases if b.file_id == file_id]
+                readable = [b.instant for b in mine if b.instant in settled]
+                if not readable:
+                    continue
+                floor = max(readable)  # the oldest slice a protected reader reads: older ones are unreachable
+                here = [b.file_name for b in mine if b.instant < floor]
+                here += [lf.file_name for lf in logs if lf.file_id == file_id and lf.base_instant < floor]
+                if here:
+                    doomed.setdefault(partition, []).extend(here)
+        return {"delete": doomed, "readable_from": readable_from} if doomed else None
+
+    return Service(Action.CLEAN, plan, lambda instant, plan: execute(context, instant, plan))
+
+
+def execute(context: TableContext, instant: Instant, plan: Content) -> None:
+    doomed: dict[str, list[str]] = plan["delete"]
+    for partition, names in doomed.items():
+        for name in names:
+            context.storage.delete(context.paths.file(partition, name))
+            crash_point("clean.deleting")
+    records: dict[str, dict[str, Any]] = removed_bases_records(context.config, cleaned_bases(doomed),
+                                                               ("column_stats", "bloom_filter"))
+    records["files"] = {partition: files_record(dict.fromkeys(names, 0), deleted=True)
+                        for partition, names in doomed.items()}
+    seen = frozenset(i.time for i in context.timeline.completed())
+    meta = {"deleted": doomed, **({"readable_from": plan["readable_from"]} if "readable_from" in plan else {})}
+    commit(context, Commit(instant, Committer.of(Action.CLEAN, context.config), (), seen, meta, records,
+                           file_groups=()))
+    log.info("cleaned %d files at %s", sum(map(len, doomed.values())), instant.time)

@@ -1,0 +1,121 @@
+"""Checking a table, and sweeping what dead processes left behind (`metatable fsck [--repair]`).
+
+The check reads everything a reader may need, and reports every problem instead of stopping at the first:
+
+- the timeline: every file parses, none is dated in the future, every state has the states before it;
+- the metadata table: every record of every partition, merged (each log and SST it reads);
+- the data files: the ones the completed timeline lists (`timeline.replay.live_files`: what commits added
+  and cleans did not delete) are present, and read whole, bases with their page checksums verified; and the
+  `files` partition lists exactly those.
+
+With `repair` it also removes what dead processes left behind (`commit.leftovers`), as every clean does.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from metatable.commit.context import TableContext
+from metatable.commit.leftovers import find_leftovers, remove
+from metatable.errors import CorruptFileError, MetatableError, MissingFileError
+from metatable.file_group.slice_reader import read_base
+from metatable.formats.data_log import read_data_log
+from metatable.formats.log_file import LogFile
+from metatable.timeline.replay import live_files
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str     # "missing", "corrupt", "metadata" or "timeline"
+    path: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class FsckReport:
+    files_checked: int
+    problems: tuple[Problem, ...]
+    leftovers: tuple[str, ...]   # what dead processes left (removed when `repaired`)
+    repaired: bool
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+
+def check(context: TableContext, repair: bool = False) -> FsckReport:
+    """Everything checked and reported. Exact on a table nobody writes; while writers commit and cleans delete,
+    the file lists are taken together under the lock, and a file missing by the end is reported only if the
+    timeline still lists it."""
+    problems: list[Problem] = []
+    try:
+        context.timeline.instants()
+    except MetatableError as e:  # nothing else can be judged without the timeline
+        return FsckReport(0, (Problem("timeline", context.paths.timeline, str(e)),), (), False)
+    problems += check_metadata(context)
+    with context.transactions.lock.held(shared=True):
+        expected, missing = live_files(context.timeline, context.paths, context.storage)
+        problems += files_partition_mismatch(context, expected, set(missing))
+    checked = 0
+    gone: list[Problem] = [Problem("missing", path, "a completed commit added it and no clean deleted it")
+                           for path in missing]
+    for partition, names in expected.items():
+        for name in names:
+            path = context.paths.file(partition, name)
+            checked += 1
+            try:
+                if LogFile.is_log_name(name):
+                    read_data_log(context.storage, path, context.config.log_schema)
+                else:
+                    read_base(path)
+            except MissingFileError as e:
+                gone.append(Problem("missing", path, str(e)))
+            except CorruptFileError as e:
+                problems.append(Problem("corrupt", path, str(e)))
+    if gone:  # a clean may have deleted them meanwhile
+        present, absent = live_files(context.timeline, context.paths, context.storage)
+        still = {context.paths.file(p, n) for p, names in present.items() for n in names} | set(absent)
+        problems += [p for p in gone if p.path in still]
+    with context.transactions.lock.held(shared=not repair):
+        leftovers = sorted(find_leftovers(context, context.timeline.instants()))
+        if repair:
+            remove(context, leftovers)
+    for p in problems:
+        log.warning("fsck %s: %s %s", context.root, p.kind, p.detail)
+    return FsckReport(checked, tuple(problems), tuple(leftovers), repair)
+
+
+def check_metadata(context: TableContext) -> list[Problem]:
+    metadata = context.metadata
+    out = []
+    for partition in metadata.partitions:
+        try:
+            for _ in metadata.scan(partition):
+                pass
+        except MetatableError as e:
+            out.append(Problem("metadata", getattr(e, "path", metadata.root), str(e)))
+    return out
+
+
+def files_partition_mismatch(context: TableContext, expected: dict[str, dict[str, int]],
+                             missing: set[str]) -> list[Problem]:
+    """Files the `files` partition lists that the timeline does not, and the other way round (`missing`: files
+    the timeline lists that are gone, reported already)."""
+    try:
+        listed = context.view().live_files
+    except MetatableError:
+        return []  # reported by check_metadata
+    out = []
+    for partition in sorted({*expected, *listed}):
+        want, have = set(expected.get(partition, ())), set(listed.get(partition, ()))
+        out += [Problem("metadata", context.paths.file(partition, n), "the files partition lists it, but no "
+                        "completed commit added it (or a clean deleted it): `metatable metadata rebuild TABLE`")
+                for n in sorted(have - want) if context.paths.file(partition, n) not in missing]
+        out += [Problem("metadata", context.paths.file(partition, n), "a completed commit added it, but the files "
+                        "partition does not list it: `metatable metadata rebuild TABLE`")
+                for n in sorted(want - have)]
+    return out
+
+

@@ -1,0 +1,133 @@
+"""Rebuilding the metadata table from the data files and the completed timeline (`metatable metadata rebuild`).
+
+A damaged metadata table (a corrupt log or SST, a lost file) stops every read and write of the data table;
+everything it holds can be derived again, so it is rebuilt beside the old one and swapped in:
+
+- `files`: the completed timeline replayed. Every completed data instant's commit metadata lists the files it
+  added (exactly what it wrote to `files`, dual-write logs and leftovers excluded), every completed clean the
+  files it deleted; sizes come from the files themselves.
+- `hashing_meta` (consistent hashing): each partition's initial ring from the first commit that wrote to it,
+  then the ring of every completed resize, in order (a resize's plan holds its ring).
+- every other ready index (`column_stats`, `bloom_filter`, `record_index`) through the indexer's build, from
+  the new `files` partition, as of the last completed data instant. A partition that a pending indexing is still
+  building is created empty: that indexing builds it when it runs again.
+
+The new bases are named by the bootstrap time, which every snapshot reads, so the new table needs no instant
+of its own; later commits add their logs on top. The rebuild holds the table lock from its recovery to the
+swap: a writer meanwhile waits for the lock (up to `lock.timeout_s`, then a LockTimeoutError with nothing of
+it visible), and a write that began before commits into the new table afterwards (a commit writes its
+metadata only at commit time). The swap moves the old directory to `metadata.damaged-<time>` (kept for
+inspection) and the new one into place; a crash between the two renames is finished by the next open
+(`metadata.table.finish_swap`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from indexes.consistent_hashing import initial_ring
+from indexes.keys import ALL_PARTITIONS_KEY, hashing_meta_key
+
+from metatable.commit.context import TableContext
+from metatable.commit.data_commit import files_record
+from metatable.commit.index_states import read_states
+from metatable.config import METADATA_PREFIXES
+from metatable.formats.clustering_plan import ClusteringPlan
+from metatable.metadata.table import MetadataTable, finish_swap, properties_partitions
+from metatable.services.index_build import build, write_records
+from metatable.storage.base import Storage
+from metatable.storage.local import LocalStorage
+from metatable.storage.paths import TablePaths
+from metatable.table_config import READY, TableConfig
+from metatable.timeline.instant import BOOTSTRAP_TIME, DATA_ACTIONS, Action, time_from_datetime
+from metatable.timeline.replay import live_files
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    partitions: dict[str, int]       # metadata partition -> records written
+    files: int                       # live data files listed in `files`
+    missing: tuple[str, ...]         # files the timeline lists that are gone (`metatable fsck` reports them)
+    up_to: str | None                # the last completed data instant the new table reflects
+    damaged: str                     # where the old metadata table was moved
+    seconds: float
+
+
+def rebuild(context: TableContext) -> RebuildReport:
+    started = time.monotonic()
+    paths, storage = context.paths, context.storage
+    with context.transactions.lock.held():
+        context.transactions.recover()
+        up_to = max((i.time for i in context.timeline.completed(DATA_ACTIONS)), default=None)
+        states = read_states(storage, paths)
+        counts = properties_partitions(storage, paths.metadata) or context.config.metadata_partitions()
+        wanted = context.config.with_index_states(states).metadata_partitions()
+        partitions = {p: counts.get(p, n) for p, n in wanted.items()}
+        staging = paths.metadata_rebuild
+        storage.remove_dir(staging.root)  # a rebuild that died before its swap
+        mdt_options = {k: v for k, v in context.config.options.items() if k.startswith(METADATA_PREFIXES)}
+        fresh = MetadataTable.create(staging.root, partitions, options=mdt_options, storage=storage,
+                                     authority=context.timeline)
+        rebuilt = dataclasses.replace(context, metadata=fresh)
+        live, missing = live_files(context.timeline, context.paths, context.storage)
+        written = {"files": write_records(rebuilt, BOOTSTRAP_TIME, "files", partitions["files"], files_records(live))}
+        if "hashing_meta" in partitions:
+            written["hashing_meta"] = write_records(rebuilt, BOOTSTRAP_TIME, "hashing_meta",
+                                                    partitions["hashing_meta"], rings(context))
+        fresh.refresh()
+        ready = {p: partitions[p] for p, state in states.items() if state == READY and p in partitions}
+        written.update(build(rebuilt, BOOTSTRAP_TIME, ready, up_to))
+        fresh.close()
+        damaged = paths.metadata_damaged(time_from_datetime(dt.datetime.now(dt.timezone.utc)))
+        storage.write_atomic(staging.rebuilt_marker, (up_to or "").encode())
+        finish_swap(storage, paths, damaged)
+        context.metadata.close()
+    report = RebuildReport(written, sum(map(len, live.values())), tuple(missing), up_to, damaged.root,
+                           round(time.monotonic() - started, 3))
+    log.warning("rebuilt the metadata table of %s as of %s: %s records, %d files (%d missing); the old one is at %s",
+                paths.root, up_to, written, report.files, len(missing), damaged.root)
+    return report
+
+
+def restore_properties(path: str, storage: Storage | None = None) -> None:
+    """Make a metadata table's unreadable properties again from the table config, so that the table opens and
+    can be rebuilt (the rebuild then writes every partition with these file-group counts); the damaged file is
+    kept beside as `properties.json.damaged`."""
+    storage = storage or LocalStorage()
+    paths = TablePaths(os.path.abspath(path))
+    config = TableConfig.from_json(storage.read(paths.table_config).decode())
+    target = paths.metadata.properties
+    storage.write_atomic(target + ".damaged", storage.read(target))
+    props = {"format_version": 1, "partitions": config.metadata_partitions(),
+             "options": {k: v for k, v in config.options.items() if k.startswith(METADATA_PREFIXES)}}
+    storage.write_atomic(target, json.dumps(props, indent=2, sort_keys=True).encode())
+    log.warning("remade the unreadable %s from the table config; rebuild the metadata table now", target)
+
+
+def files_records(live: dict[str, dict[str, int]]) -> dict[str, Any]:
+    records = {partition: files_record(names) for partition, names in live.items() if names}
+    records[ALL_PARTITIONS_KEY] = files_record(dict.fromkeys(records, 0))
+    return records
+
+
+def rings(context: TableContext) -> dict[str, Any]:
+    """Each partition's ring: the initial one of its first commit, then each completed resize's."""
+    n = context.config.index.num_buckets
+    out: dict[str, Any] = {}
+    for instant in context.timeline.completed(DATA_ACTIONS):
+        if instant.action is Action.REPLACECOMMIT:
+            for ring in ClusteringPlan.from_record(context.timeline.plan(instant)).rings:
+                out[hashing_meta_key(ring.partition)] = ring.resolved(instant.time).to_record()
+        for relative in context.timeline.read_json(instant).get("files", []):
+            partition = relative.rpartition("/")[0] or "."
+            out.setdefault(hashing_meta_key(partition), {**initial_ring(partition, n).to_record(),
+                                                          "instant": instant.time})
+    return out

@@ -1,0 +1,45 @@
+"""Snapshot reads as DataFrames: base files that need no merge go to Spark's own Parquet reader; file slices
+with logs are merged by `mapInArrow` tasks, one slice at a time."""
+from __future__ import annotations
+
+from functools import partial
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+
+from metatable.file_group.file_slice import FileSlice
+from metatable.file_group.slice_reader import base_path, read_slice
+from metatable.spark.session import to_spark_schema
+from metatable.storage.local import LocalStorage
+from metatable.storage.paths import TablePaths
+from metatable.table_config import TableConfig
+
+
+def _read_slices(paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice], read_optimized: bool,
+                 batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    storage = LocalStorage()
+    names = config.schema.names
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            yield from read_slice(storage, paths, config, slices[index], read_optimized).select(names).to_batches()
+
+
+def read_dataframe(spark, paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice], read_optimized: bool):
+    """A snapshot of the given file slices as a DataFrame in the table's schema."""
+    schema = to_spark_schema(config.schema)
+    names = config.schema.names
+    plain = [base_path(paths, s) for s in slices if s.base and (read_optimized or not s.logs)]
+    merged = [s for s in slices if s.logs and not read_optimized]
+    frames = []
+    if plain:
+        frames.append(spark.read.schema(to_spark_schema(config.storage_schema)).parquet(*plain).select(*names))
+    if merged:
+        parallelism = max(1, min(len(merged), spark.sparkContext.defaultParallelism * 2))
+        ids = spark.range(len(merged), numPartitions=parallelism)
+        frames.append(ids.mapInArrow(partial(_read_slices, paths, config, merged, read_optimized), schema))
+    if not frames:
+        return spark.createDataFrame([], schema)
+    result = frames[0]
+    for frame in frames[1:]:
+        result = result.unionByName(frame)
+    return result

@@ -1,0 +1,217 @@
+"""The timeline: one file per instant state under `<root>/.metatable/timeline/`.
+
+State files appear atomically; new instant times are strictly increasing and are
+only made under the table lock; inflight writers keep a heartbeat.
+"""
+from __future__ import annotations
+
+import io
+import json
+import datetime as dt
+import logging
+import os
+import time
+from typing import Any, Iterable, Sequence
+
+import fastavro
+
+from avro_schemas import schema
+
+from metatable.errors import InvalidInputError, TimelineError
+from metatable.storage.base import Storage, is_temporary
+from metatable.storage.paths import TablePaths
+from metatable.timeline.heartbeat import Heartbeat, is_expired
+from metatable.timeline.instant import Action, Instant, State, next_time, time_from_datetime, validate_time
+from metatable.timeline.lock import TableLock
+
+log = logging.getLogger(__name__)
+
+_STATE_RANK = {State.REQUESTED: 0, State.INFLIGHT: 1, State.COMPLETED: 2}
+AVRO_PLANS = {Action.REPLACECOMMIT: "clustering_plan"}  # requested plans kept as Avro (avro_schemas/); others JSON
+
+
+FUTURE_ALLOWANCE = dt.timedelta(hours=1)  # how far ahead of this clock another writer's may be
+LISTINGS = 5  # listings of the timeline before a state gap is refused
+
+
+class Timeline:
+    def __init__(self, storage: Storage, root: str, lock: TableLock | None = None,
+                 heartbeat_interval_s: float = 5.0, heartbeat_misses: int = 6) -> None:
+        paths = TablePaths(root)
+        self.storage = storage
+        self.root = root
+        self.dir = paths.timeline
+        self.heartbeat_dir = paths.heartbeats
+        self.lock = lock or TableLock(paths.lock)
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_misses = heartbeat_misses
+        # the last listing that passed its checks, and its instants: a write lists the timeline dozens of times,
+        # mostly unchanged, so an equal listing is not parsed again (the horizon only moves on)
+        self._last_listing: tuple[list[str], list[Instant]] | None = None
+
+    # -- reading -------------------------------------------------------------------------------
+    def instants(self) -> list[Instant]:
+        """Each instant in its latest state, oldest first. Refused with a TimelineError naming the file: one dated
+        in the future (beyond FUTURE_ALLOWANCE of clock skew: taken as real, it would date every later instant
+        after it), and a state without the states before it (every instant is requested, then started, then
+        completed, and its files are removed latest first, so only a forged or half-copied one lacks them). A
+        listing taken while another process removes an instant may miss some of its files and not others, so
+        such a gap is listed again before it is refused."""
+        for attempt in range(1, LISTINGS + 1):
+            names = self.storage.list(self.dir)
+            cached = self._last_listing
+            if cached is not None and cached[0] == names:
+                return list(cached[1])
+            latest, gap = self._listing(names)
+            if gap is None:
+                instants = sorted(latest.values())
+                self._last_listing = (names, instants)
+                return list(instants)
+            if attempt < LISTINGS:
+                time.sleep(0.01 * attempt)
+        raise TimelineError(f"timeline file {os.path.join(self.dir, gap[0].file_name)} has no {gap[1].value} state "
+                            "before it: a forged or half-copied instant. Move it out of the timeline (or restore its "
+                            "missing state files); nothing of it was read")
+
+    def _listing(self, names: list[str]) -> tuple[dict[tuple[str, Action], Instant], tuple[Instant, State] | None]:
+        """The latest state of each instant in one directory listing, and an instant lacking an earlier state."""
+        latest: dict[tuple[str, Action], Instant] = {}
+        states: dict[tuple[str, Action], set[State]] = {}
+        horizon = time_from_datetime(dt.datetime.now(dt.timezone.utc) + FUTURE_ALLOWANCE)
+        for name in names:
+            if is_temporary(name) or name.startswith("."):
+                continue
+            try:
+                instant = Instant.parse(name)
+            except InvalidInputError as e:
+                raise TimelineError(f"{e} in {self.dir}; move the stray file out of the timeline") from None
+            if instant.time > horizon:
+                raise TimelineError(f"timeline file {os.path.join(self.dir, name)} is dated {instant.time}, later than "
+                                    f"now plus {FUTURE_ALLOWANCE} of clock skew: a forged or misplaced file (or a "
+                                    "clock far behind). Move it out of the timeline; nothing of it was read")
+            key = (instant.time, instant.action)
+            states.setdefault(key, set()).add(instant.state)
+            if key not in latest or _STATE_RANK[instant.state] > _STATE_RANK[latest[key].state]:
+                latest[key] = instant
+        for key, instant in latest.items():
+            for state, rank in _STATE_RANK.items():
+                if rank < _STATE_RANK[instant.state] and state not in states[key]:
+                    return latest, (instant, state)
+        return latest, None
+
+    def completed(self, actions: Iterable[Action] | None = None) -> list[Instant]:
+        wanted = set(actions) if actions is not None else None
+        return [i for i in self.instants() if i.is_completed and (wanted is None or i.action in wanted)]
+
+    def pending(self, actions: Iterable[Action] | None = None) -> list[Instant]:
+        wanted = set(actions) if actions is not None else None
+        return [i for i in self.instants() if not i.is_completed and (wanted is None or i.action in wanted)]
+
+    def get(self, time: str, action: Action | None = None) -> Instant | None:
+        validate_time(time)
+        found = [i for i in self.instants() if i.time == time and (action is None or i.action == action)]
+        return found[-1] if found else None
+
+    def last_time(self) -> str | None:
+        times = [i.time for i in self.instants()]
+        return max(times) if times else None
+
+    def read_json(self, instant: Instant) -> dict[str, Any]:
+        """The plan (requested; Avro for the actions in AVRO_PLANS), or the commit metadata (completed)."""
+        path = os.path.join(self.dir, instant.file_name)
+        raw = self.storage.read(path)
+        if not raw:
+            return {}
+        try:
+            if instant.state is State.REQUESTED and instant.action in AVRO_PLANS:
+                return next(iter(fastavro.reader(io.BytesIO(raw))))
+            return json.loads(raw)
+        except (ValueError, StopIteration, EOFError) as e:
+            raise TimelineError(f"unreadable instant file {path}: {e}. It holds the plan or commit metadata of "
+                                f"{instant.action.value} {instant.time}; restore it from a backup under the same name "
+                                "(`metatable fsck TABLE` checks the rest of the table)") from None
+
+    def plan(self, instant: Instant) -> dict[str, Any]:
+        return self.read_json(instant.to(State.REQUESTED))
+
+    def plan_if_present(self, instant: Instant) -> dict[str, Any]:
+        """A pending instant's plan; {} when it was rolled back (its files removed) since it was listed: a
+        write that wins over a clustering, or a drop that cancels an indexing, does that at any moment."""
+        try:
+            return self.plan(instant)
+        except FileNotFoundError:
+            return {}
+
+    # -- writing (callers hold the lock where the docstring says so) ------------------------------
+    def new_time(self, *others: Timeline) -> str:
+        """A time later than every instant here and on `others`; call under the lock."""
+        last = max((t for t in [self.last_time(), *(o.last_time() for o in others)] if t), default=None)
+        return next_time(last)
+
+    def request(self, action: Action, time: str | None = None, plan: dict[str, Any] | None = None,
+                others: Sequence[Timeline] = (), beat: bool = True) -> Instant:
+        """Make a new instant in the requested state (under the lock). `beat` gives it a first heartbeat,
+        for an instant its maker starts at once; a plan that waits for whoever runs it has none."""
+        with self.lock.held():
+            time = time or self.new_time(*others)
+            instant = Instant(time, action, State.REQUESTED)
+            if self.get(time, action) is not None:
+                raise TimelineError(f"instant {time} {action.value} already exists on {self.dir}")
+            if beat:
+                self.heartbeat(instant).beat()
+            self._write(instant, plan)
+            return instant
+
+    def transition(self, instant: Instant, state: State, content: dict[str, Any] | None = None) -> Instant:
+        current = self.get(instant.time, instant.action)
+        if current is None:
+            raise TimelineError(f"instant {instant.time} {instant.action.value} does not exist on {self.dir}")
+        if _STATE_RANK[state] != _STATE_RANK[current.state] + 1:
+            raise TimelineError(f"cannot move instant {current} to {state.value}")
+        target = instant.to(state)
+        self._write(target, content)
+        return target
+
+    def start(self, instant: Instant) -> Instant:
+        return self.transition(instant, State.INFLIGHT)
+
+    def complete(self, instant: Instant, metadata: dict[str, Any] | None = None) -> Instant:
+        """Complete the instant; its heartbeat goes (a roll-forward finished for a dead process leaves none)."""
+        done = self.transition(instant, State.COMPLETED, metadata or {})
+        self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
+        return done
+
+    def revert(self, instant: Instant) -> Instant:
+        """An inflight instant back to requested (its plan stays), for a service whose process died."""
+        current = self.get(instant.time, instant.action)
+        if current is None or current.state is not State.INFLIGHT:
+            raise TimelineError(f"cannot revert {current or instant} to requested: it is not inflight")
+        self.storage.delete(os.path.join(self.dir, current.file_name))
+        self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
+        return current.to(State.REQUESTED)
+
+    def remove(self, instant: Instant) -> None:
+        """Delete every state file of an instant, completed state first so it vanishes atomically for readers."""
+        for state in (State.COMPLETED, State.INFLIGHT, State.REQUESTED):
+            self.storage.delete(os.path.join(self.dir, instant.to(state).file_name))
+        self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
+
+    def _write(self, instant: Instant, content: dict[str, Any] | None) -> None:
+        if content is None:
+            data = b""
+        elif instant.state is State.REQUESTED and instant.action in AVRO_PLANS:
+            out = io.BytesIO()
+            fastavro.writer(out, schema(AVRO_PLANS[instant.action]), [content])
+            data = out.getvalue()
+        else:
+            data = json.dumps(content, sort_keys=True).encode()
+        self.storage.write_atomic(os.path.join(self.dir, instant.file_name), data)
+
+    # -- heartbeats -----------------------------------------------------------------------------
+    def heartbeat(self, instant: Instant) -> Heartbeat:
+        return Heartbeat(self.storage, self.heartbeat_dir, instant.time, self.heartbeat_interval_s)
+
+    def is_expired(self, instant: Instant) -> bool:
+        """Whether a pending instant's writer has stopped beating."""
+        return is_expired(self.storage, self.heartbeat_dir, instant.time, self.heartbeat_interval_s,
+                          self.heartbeat_misses)

@@ -1,0 +1,173 @@
+"""Writing one file group's share of a batch at one instant (on an executor or in-process).
+
+Merge-on-read appends the rows as a log block to the file group's latest slice (or writes a first base
+for a new file group); copy-on-write merges them with the slice and rewrites the base. Counts say what
+happened to the rows: inserted, updated, deleted, or skipped (an insert of a key that exists); or upserted,
+when an upsert does not tell inserts from updates (`write.count_updates` false).
+
+Consistent hashing: when a pending resize replaces the file group, the rows it took (deletes as delete
+markers) are also written, in the same task, as "dual" logs of the new file groups the pending ring maps
+them to, based on the resize's instant. The commit keeps them for the resize to adopt, or adopts them itself
+once the resize has committed (`data_commit`). Only the groups under resize pay, and no row is shuffled
+twice.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from indexes.arrow_keys import hash32_array
+from indexes.consistent_hashing import RingPlan
+
+from metatable.commit.dual_writes import DUAL
+from metatable.file_group.base_file import new_write_token
+from metatable.file_group.base_file_writer import new_file, write_base_file
+from metatable.file_group.record_merge import dedupe_batch, merge_versions
+from metatable.file_group.slice_reader import live_mask, members, read_slice
+from metatable.file_group.written import NO_COUNTS, STATS_SCHEMA, stats_row
+from metatable.formats.data_log import write_data_log
+from metatable.formats.log_file import LogFile
+from metatable.storage.base import Storage
+from metatable.storage.local import LocalStorage
+from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
+from metatable.write.key_prefetch import KeyPrefetch, SliceKeys
+from metatable.write.write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, PRESENT_COLUMN, WriteTask
+
+
+class FileGroupWriter:
+    def __init__(self, task: WriteTask, partition: str, file_id: str, storage: Storage | None = None,
+                 prefetched: SliceKeys | None = None) -> None:
+        self.task = task
+        self.prefetched = prefetched
+        self.config = task.config
+        self.partition = partition
+        self.file_id = file_id
+        self.storage = storage or LocalStorage()
+        self.slice = task.slices.get((partition, file_id))
+
+    def write(self, rows: pa.Table) -> list[dict]:
+        if MOVED_OUT_COLUMN in rows.column_names:  # keys moving to another partition are deleted here
+            moved_out = rows.filter(rows[MOVED_OUT_COLUMN])[KEY_COLUMN]
+            rows = rows.filter(pc.invert(rows[MOVED_OUT_COLUMN])).drop_columns([MOVED_OUT_COLUMN])
+            if len(moved_out):
+                return self._move_out(rows.drop_columns([PRESENT_COLUMN]), moved_out)  # moves come from lookups
+        config, op, paths = self.config, self.task.operation, self.task.paths
+        deleting = op == "delete"
+        incoming = dedupe_batch(rows.drop_columns([PARTITION_COLUMN, FILE_ID_COLUMN]),
+                                None if deleting else config.ordering_field, deleted=deleting)
+        known = incoming.column(PRESENT_COLUMN).to_numpy(zero_copy_only=False).astype(bool) \
+            if PRESENT_COLUMN in incoming.column_names else None
+        if known is not None:
+            incoming = incoming.drop_columns([PRESENT_COLUMN])
+        if config.merge_on_read:
+            cow_current = None
+            is_present = known if known is not None else self._live_in_slice(incoming[KEY_COLUMN])
+        else:
+            cow_current = read_slice(self.storage, paths, config, self.slice)
+            is_present = members(incoming[KEY_COLUMN], cow_current[KEY_COLUMN])
+        counts = dict(NO_COUNTS)
+        n_present = 0 if is_present is None else int(is_present.sum())
+        if is_present is None:
+            counts.update(upserted=incoming.num_rows)
+        elif op == "upsert":
+            counts.update(inserted=incoming.num_rows - n_present, updated=n_present)
+        elif op in ("insert", "bulk_insert"):
+            # a filter copies every row, even when it keeps them all: SF 1 in-process load, 9 runs each
+            # alternated, median 7.2 -> 6.5 s
+            if n_present:
+                incoming = incoming.filter(pa.array(~is_present))
+            counts.update(inserted=incoming.num_rows, skipped=n_present)
+        else:
+            if n_present < incoming.num_rows:
+                incoming = incoming.filter(pa.array(is_present))
+            counts.update(deleted=incoming.num_rows)
+        if incoming.num_rows == 0:
+            return [stats_row(self.partition, self.file_id, None, None, 0, 0, counts)] if any(counts.values()) else []
+        duals = self._write_duals(incoming)
+        if cow_current is not None:
+            merged = merge_versions([cow_current, incoming], config.ordering_field, config.storage_schema)
+            return [self._write_base(merged, counts), *duals]
+        if self.slice is None or self.slice.base is None:
+            return [self._write_base(incoming.select(config.storage_schema.names).cast(config.storage_schema),
+                                     counts), *duals]
+        key = (self.partition, self.file_id)
+        base_instant = self.task.log_base_instants.get(key, self.slice.base_instant)
+        version = 1 + max((lf.version for lf in self.slice.logs if lf.base_instant == base_instant), default=0)
+        return [self._write_log(incoming, counts, self.file_id, base_instant, version), *duals]
+
+    def _live_in_slice(self, keys: pa.ChunkedArray) -> np.ndarray | None:
+        """Which keys the merge-on-read slice holds, read from its key column and logs; None for an upsert that
+        does not count updates (`write.count_updates`), which needs nothing else from them. Where the index
+        looked the keys up (bloom, record index), the caller has the answer already: reading the keys again
+        cost the Spark bloom upsert's write stage ~0.5 s at SF 1."""
+        if self.slice is not None and not self.task.reads_slice_keys:
+            return None
+        ahead = self.prefetched
+        return live_mask(self.storage, self.task.paths, self.config, self.slice, keys,
+                         ahead.in_base(keys) if ahead else None, ahead.in_logs(keys) if ahead else None)
+
+    def _move_out(self, rows: pa.Table, moved_out: pa.ChunkedArray) -> list[dict]:
+        """An upsert's rows of this file group, and the keys that move from it to another partition: one new
+        log (delete markers for those) or base (without them). A move counts as a delete here and an insert
+        where the key arrives."""
+        config = self.config
+        incoming = dedupe_batch(rows.drop_columns([PARTITION_COLUMN, FILE_ID_COLUMN]), config.ordering_field)
+        markers = pa.table({KEY_COLUMN: moved_out, DELETED_COLUMN: pa.repeat(True, len(moved_out))})
+        if config.merge_on_read:
+            present = int(live_mask(self.storage, self.task.paths, config, self.slice, incoming[KEY_COLUMN]).sum())
+            counts = {**NO_COUNTS, "inserted": incoming.num_rows - present, "updated": present,
+                      "deleted": len(moved_out)}
+            key = (self.partition, self.file_id)
+            base_instant = self.task.log_base_instants.get(key, self.slice.base_instant)
+            version = 1 + max((lf.version for lf in self.slice.logs if lf.base_instant == base_instant), default=0)
+            block = pa.concat_tables([markers, incoming.append_column(DELETED_COLUMN, pa.repeat(False, len(incoming)))],
+                                     promote_options="default")
+            return [self._write_log(block, counts, self.file_id, base_instant, version)]
+        current = read_slice(self.storage, self.task.paths, config, self.slice)
+        kept = current.filter(pa.array(~members(current[KEY_COLUMN], moved_out)))
+        present = int(members(incoming[KEY_COLUMN], kept[KEY_COLUMN]).sum())
+        counts = {**NO_COUNTS, "inserted": incoming.num_rows - present, "updated": present,
+                  "deleted": len(moved_out)}
+        return [self._write_base(merge_versions([kept, incoming], config.ordering_field, config.storage_schema),
+                                 counts)]
+
+    def _write_base(self, rows: pa.Table, counts: dict[str, int]) -> dict:
+        written = write_base_file(self.storage, self.task.paths, self.config, self.task.instant, self.partition,
+                                  self.file_id, rows)
+        return {**written, **counts}
+
+    def _write_duals(self, rows: pa.Table) -> list[dict]:
+        plan = self.task.index_plan
+        resize = plan.resize_of(self.partition, self.file_id) if isinstance(plan, RingPlan) else None
+        if resize is None:
+            return []
+        instant, ring = resize
+        targets = ring.locate(hash32_array(rows[KEY_COLUMN]))
+        return [self._write_log(rows.filter(pa.array(targets == i)), NO_COUNTS, ring.live[i].file_id, instant, 1,
+                                DUAL) for i in np.unique(targets).tolist()]
+
+    def _write_log(self, rows: pa.Table, counts: dict[str, int], file_id: str, base_instant: str, version: int,
+                   kind: str = "log") -> dict:
+        lf = LogFile(file_id, base_instant, version, f"{self.task.instant}-{new_write_token()}")
+        path = new_file(self.storage, self.task.paths, self.task.instant, self.partition, lf.file_name)
+        schema = self.config.log_schema
+        if DELETED_COLUMN not in rows.column_names:
+            rows = rows.append_column(DELETED_COLUMN, pa.array(np.zeros(rows.num_rows, dtype=bool)))
+        block = pa.Table.from_arrays(
+            [rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+             for f in schema], schema=schema)
+        write_data_log(self.storage, path, self.task.instant, block, *self.config.log_encoding)
+        return stats_row(self.partition, file_id, lf.file_name, kind, self.storage.size(path), rows.num_rows, counts)
+
+
+def write_file_group(task: WriteTask, rows: pa.Table, prefetch: KeyPrefetch | None = None) -> pa.Table:
+    """Every incoming row of one file group (tagged) -> statistics of the files written; `prefetch` may have
+    read the slice's keys ahead."""
+    if rows.num_rows == 0:
+        return STATS_SCHEMA.empty_table()
+    partition = rows[PARTITION_COLUMN][0].as_py()
+    file_id = rows[FILE_ID_COLUMN][0].as_py()
+    prefetched = prefetch.take((partition, file_id)) if prefetch is not None else None
+    return pa.Table.from_pylist(FileGroupWriter(task, partition, file_id, prefetched=prefetched).write(rows),
+                                schema=STATS_SCHEMA)

@@ -1,0 +1,173 @@
+"""The write client: one keyed write (upsert, insert or delete), from input to commit.
+
+1. Conform the input to the table once: schema errors surface before anything is written.
+2. Begin the transaction and take the view it starts from (under one lock hold, so the view is exactly
+   the completed instants it will later be checked against).
+3. Plan with the table's index: the bucket index pins the bucket layout (count and file group of each bucket);
+   the bloom index pins every base file's key range and, per partition, the file groups new keys go to
+   (never one that a pending clustering rewrites).
+4. Run the engine: Spark for a DataFrame, in-process for Arrow. Both tag rows through the index's
+   assigner and write each file group (`write_engine`).
+5. Commit: conflict check, metadata deltacommit at the same instant, complete (`data_commit`).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from indexes.arrow_keys import partition_paths
+from indexes.bloom_index import BloomPlan, insert_slots
+from indexes.keys import column_stats_key
+
+from metatable.commit.conflicts import Committer
+from metatable.commit.context import TableContext
+from metatable.commit.data_commit import Commit, commit
+from metatable.commit.timeline_view import TimelineView, group_name
+from metatable.faults import crash_point
+from metatable.file_group.written import counts, written_files
+from metatable.read.locator import MetadataIndex
+from metatable.spark.session import is_dataframe
+from metatable.table_config import KEY_COLUMN
+from metatable.timeline.instant import WRITE_ACTIONS, Action
+from metatable.write.spark_write import conform_dataframe, partition_counts, run_spark
+from metatable.write.write_engine import run_local
+from metatable.write.write_input import WriteStream, as_input, conform
+from metatable.write.write_task import WriteTask
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BYTES_PER_ROW = 100.0  # until a table has files to measure
+OPERATIONS = ("upsert", "insert", "bulk_insert", "delete")
+
+
+@dataclass(frozen=True)
+class Txn:
+    """An idempotent write's identity (Delta Lake's txnAppId and txnVersion): a write whose application has
+    already committed this version or a later one is skipped, so a replayed batch lands once. Versions only
+    grow: a stream's batch ids."""
+
+    app: str
+    version: int
+
+    def applied_by(self, context: TableContext) -> str | None:
+        """The completed commit that applied this version or a later one of the application, if any."""
+        for instant in reversed(context.timeline.completed(WRITE_ACTIONS)):
+            txn = context.timeline.read_json(instant).get("txn")
+            if txn and txn["app"] == self.app:
+                return instant.time if txn["version"] >= self.version else None
+        return None
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    instant: str
+    operation: str
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    skipped: int = 0  # inserts of keys that already existed
+    upserted: int = 0  # upserted rows not told apart into inserted and updated (`write.count_updates` false)
+    files_written: int = 0
+    seconds: float = 0.0
+
+
+class WriteClient:
+    def __init__(self, context: TableContext, index: MetadataIndex) -> None:
+        self.context = context
+        self.index = index  # the metadata index's cache of key ranges and bloom filters
+
+    @property
+    def action(self) -> Action:
+        return Action.DELTACOMMIT if self.context.config.merge_on_read else Action.COMMIT
+
+    def write(self, data: Any, operation: str, txn: Txn | None = None) -> WriteResult:
+        started = time.monotonic()
+        context, config = self.context, self.context.config
+        on_spark = is_dataframe(data)
+        if on_spark:
+            data = conform_dataframe(data, config, operation)
+        else:
+            data = as_input(data)
+            data = conform(data, config, operation) if isinstance(data, pa.Table) else data.conformed(config, operation)
+        transactions = context.transactions
+        with transactions.lock.held():
+            done = txn.applied_by(context) if txn else None
+            if done is not None:
+                log.info("%s of %s version %d skipped: commit %s applied it", operation, txn.app, txn.version, done)
+                return WriteResult(done, operation, seconds=time.monotonic() - started)
+            instant = transactions.begin(self.action, {"operation": operation})
+            try:
+                view = context.view()
+            except BaseException:
+                transactions.abort(instant)
+                raise
+        with transactions.running(instant):
+            plan = view.index_plan(config.index) if config.index.type == "bucket" \
+                else self.bloom_plan(view, data, operation, instant.time)
+            task = WriteTask(context.paths, view.config, instant.time, operation, view.file_slices,
+                             view.log_base_instants(), plan)
+            if on_spark:
+                stats = run_spark(task, data)
+            else:
+                stream = data if isinstance(data, pa.Table) else data.chunks(config.options["write.chunk_rows"])
+                stats = run_local(task, stream, context.paths.spill(instant.time))
+            rows = stats.to_pylist()
+            crash_point("table.write.files")
+            files, tally = written_files(rows), counts(rows)
+            commit(context, Commit(instant, Committer.of(self.action, config), files, view.completed_times,
+                                   {"operation": operation, **tally, **({"txn": asdict(txn)} if txn else {})}))
+        result = WriteResult(instant.time, operation, files_written=len(files), seconds=time.monotonic() - started,
+                             **tally)
+        log.info("%s %s: %d inserted, %d updated, %d upserted, %d deleted, %d skipped, %d files in %.2fs",
+                 operation, result.instant, result.inserted, result.updated, result.upserted, result.deleted,
+                 result.skipped, result.files_written, result.seconds)
+        return result
+
+    def bloom_plan(self, view: TimelineView, data: Any, operation: str, instant: str) -> BloomPlan:
+        """Pin each base file's key range, and plan where each partition's new keys may go."""
+        config = view.config
+        names: dict[str, list[str]] = {}
+        for (partition, _), fs in view.file_slices.items():
+            if fs.base:
+                names.setdefault(partition, []).append(fs.base.file_name)
+        ranges: dict[str, dict[str, tuple]] = {p: {} for p in names}
+        if config.index.type == "bloom":  # the record index needs no key ranges
+            for (p, n), bounds in self.index.ranges([(p, n) for p, ns in names.items() for n in ns],
+                                                    view.config.metadata_indexes).items():
+                ranges[p][n] = bounds
+        global_scope = config.index.scope == "global"
+        if operation == "delete":
+            return BloomPlan(ranges, {}, global_scope)
+        sizes = view.sizes()
+        total_bytes = sum(sum(s.values()) for s in sizes.values())
+        busy = view.busy()  # inserts never go to a file group that a pending clustering rewrites
+        sizes = {p: {fid: size for fid, size in s.items() if group_name(p, fid) not in busy} for p, s in sizes.items()}
+        stats = self.context.metadata.get_many("column_stats", [column_stats_key(KEY_COLUMN, p, n)
+                                                                for p, ns in names.items() for n in ns]) \
+            if "column_stats" in config.metadata_indexes else {}
+        rows = sum(r["value_count"] for r in stats.values())
+        bytes_per_row = total_bytes / rows if rows else DEFAULT_BYTES_PER_ROW
+        slots = insert_slots(self.partition_rows(data, instant), sizes, bytes_per_row,
+                             config.options["write.target_file_size"], instant)
+        return BloomPlan(ranges, slots, global_scope, moves=global_scope and operation == "upsert"
+                         and bool(config.partition_by))
+
+    def partition_rows(self, data: Any, instant: str) -> dict[str, int]:
+        """Rows per partition path in the batch: a small aggregation over the partition columns only."""
+        config = self.context.config
+        cols = list(config.partition_by)
+        if is_dataframe(data):
+            tally = partition_counts(data, cols)
+        elif isinstance(data, WriteStream):
+            tally = data.partition_counts(cols, self.context.paths.spooled_input(instant))
+        elif cols:
+            tally = data.group_by(cols).aggregate([([], "count_all")]).rename_columns([*cols, "count"])
+        else:
+            tally = pa.table({"count": [data.num_rows]})
+        typed = pa.table({c: tally[c].cast(config.schema.field(c).type) for c in cols}) if cols else tally
+        paths = partition_paths(typed, config.partition_by).to_pylist()
+        return dict(zip(paths, tally["count"].to_pylist()))

@@ -1,0 +1,48 @@
+"""Everything a write's executors need, pickled into the Spark job (or used in-process): the table, the
+instant, the operation, the file slices it began from, and the index's plan."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from indexes.bloom_index import BloomPlan
+
+from metatable.file_group.file_slice import FileSlice
+from metatable.storage.paths import TablePaths
+from metatable.table_config import TableConfig
+
+PARTITION_COLUMN = "_mt_partition"  # columns the tagger adds to each row
+FILE_ID_COLUMN = "_mt_file_id"
+MOVED_OUT_COLUMN = "_mt_moved_out"  # a copy of a row whose key moved partition, to delete it where it lived
+PRESENT_COLUMN = "_mt_present"  # the key lives in the row's file group already (indexes that look keys up)
+
+
+@dataclass(frozen=True)
+class WriteTask:
+    paths: TablePaths
+    config: TableConfig
+    instant: str
+    operation: str
+    slices: Mapping[tuple[str, str], FileSlice] = field(default_factory=dict)
+    log_base_instants: Mapping[tuple[str, str], str] = field(default_factory=dict)  # pending compactions
+    index_plan: Any = None  # what the index pinned on the driver: BloomPlan, BucketLayout or RingPlan
+
+    @property
+    def moves_keys(self) -> bool:
+        """Whether an upsert may move a key to another partition (global bloom or record index): its rows
+        then carry MOVED_OUT_COLUMN."""
+        return isinstance(self.index_plan, BloomPlan) and self.index_plan.moves
+
+    @property
+    def reads_slice_keys(self) -> bool:
+        """Whether a file group's writer reads the keys its merge-on-read slice holds: to tell inserts from
+        updates, or to skip or delete only keys that exist. Not where the index looked the keys up, nor for
+        an upsert that does not count (`write.count_updates`)."""
+        return (self.config.merge_on_read and not self.looks_up_keys
+                and (self.operation != "upsert" or self.config.options["write.count_updates"]))
+
+    @property
+    def looks_up_keys(self) -> bool:
+        """Whether the index finds each key's file group by a lookup (bloom and record indexes): its rows
+        then carry PRESENT_COLUMN, and writers need not check their file groups again."""
+        return isinstance(self.index_plan, BloomPlan)

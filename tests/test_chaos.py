@@ -1,0 +1,34 @@
+"""The chaos run, short: every configuration of `benchmarks/chaos.py` (writers, compaction, clustering or
+resize, the indexer, clean and a reader, each a process, one SIGKILLed every second or two) for a short
+while; the script checks what must hold and exits non-zero when something does not. The long run is the
+script itself (`python benchmarks/chaos.py`, 10 minutes per configuration). 20 s each here: the suite's time."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ["mor-bucket", "mor-consistent-hashing", "cow-bloom", "mor-record"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS)
+def test_everything_at_once_with_kills(config, tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--configs", config,
+                           "--seconds", "20", "--kill-every", "1,2", "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, done.stdout[-2000:] + done.stderr[-3000:]
+    result = lines[0]
+    assert sum(result["kills"].values()) >= 8, result
+    assert result["acknowledged"] > 0 and result["reader"]["snapshots"] > 0, result
+    for check in ("lost", "torn", "duplicate_keys", "unexpected_failures"):
+        assert result[check] == 0, (check, result)
+    assert result["fsck_healthy"] and result["reader"]["problems"] == 0, result
+    assert result["failed_share"] <= 0.05 and result["max_ack_gap_s"] <= 30, result
+    assert not result["crashes"], result.get("crashed")
+    assert done.returncode == 0 and result["ok"], result
