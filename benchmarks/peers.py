@@ -61,14 +61,16 @@ SYSTEMS = {  # name -> (engine, table type, index, options)
 }
 RESULTS: dict[tuple[str, str], dict] = {}
 GET_SCRIPT = r"""
-import json, sys, time
+import json, os, sys, time
 system, root, keys_path, out_path = sys.argv[1:5]
 import pyarrow as pa, pyarrow.compute as pc, pyarrow.parquet as pq
 keys = pq.read_table(keys_path)
 if system == "delta":
     from deltalake import DeltaTable
+    import pyarrow.fs as fs
     started = time.perf_counter()
-    data = DeltaTable(root).to_pyarrow_dataset()
+    # a native filesystem: the default Python one is slower and can abort the process at exit (clustering.py)
+    data = DeltaTable(root).to_pyarrow_dataset(filesystem=fs.SubTreeFileSystem(os.path.abspath(root), fs.LocalFileSystem()))
     rows = data.to_table(filter=pc.field("l_orderkey").isin(keys["l_orderkey"].unique()))
     rows = rows.join(keys, ["l_orderkey", "l_linenumber"], join_type="inner")
 else:
