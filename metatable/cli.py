@@ -235,13 +235,14 @@ def cmd_create(args: argparse.Namespace) -> None:
 
 def _write(args: argparse.Namespace, operation: str) -> None:
     table = Table.open(args.path, options=parse_options(args.option))
-    data: Any = read_input(args.file, args.format, table.config.schema)
+    data: Any = read_input(args.file, args.format, table.schema)
     if args.spark:
         from metatable.spark.session import spark_session
         spark = spark_session()
         data = spark.read.parquet(args.file) if is_dataset(data) else spark.createDataFrame(
             data if isinstance(data, pa.Table) else data.read_all())
-    result = getattr(table, operation)(data)
+    result = table.delete(data) if operation == "delete" else \
+        getattr(table, operation)(data, schema_mode=args.schema_mode)
     upserted = f"{result.upserted} upserted, " if result.upserted else ""
     print(f"{operation} {result.instant}: {result.inserted} inserted, {result.updated} updated, {upserted}"
           f"{result.deleted} deleted, {result.skipped} skipped, {result.files_written} files in {result.seconds:.2f}s")
@@ -263,17 +264,25 @@ def print_rows(table: pa.Table, fmt: str) -> None:
             print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
 
 
+def cmd_add_columns(args: argparse.Namespace) -> None:
+    table = Table.open(args.path)
+    instant = table.add_columns(list(parse_schema(args.columns)))
+    print(f"add-columns {instant}: the table's columns are now " if instant else
+          "the table has these columns already: ", ", ".join(f"{f.name} {f.type}" for f in table.schema))
+
+
 def cmd_read(args: argparse.Namespace) -> None:
     table = Table.open(args.path)
-    parts, count = [], 0
-    for fs in table.file_slices(args.as_of).values():
-        part = read_slice(table.storage, table.context.paths, table.config, fs, args.read_optimized) \
-            .select(table.config.schema.names)
+    view = table.context.view(args.as_of)  # the snapshot, with its own schema
+    config, parts, count = view.config, [], 0
+    for fs in view.file_slices.values():
+        part = read_slice(table.storage, table.context.paths, config, fs, args.read_optimized) \
+            .select(config.schema.names)
         parts.append(part)
         count += part.num_rows
         if args.limit and count >= args.limit:
             break
-    result = pa.concat_tables(parts) if parts else table.config.schema.empty_table()
+    result = pa.concat_tables(parts) if parts else config.schema.empty_table()
     if args.limit:
         result = result.slice(0, args.limit)
     print_rows(result, args.output)
@@ -515,7 +524,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--spark", action="store_true", help="write through Spark (local) instead of in-process")
         p.add_argument("--option", action="append", help="key=value option for this write (repeatable), e.g. "
                                                          "write.count_updates=false")
+        if operation != "delete":
+            p.add_argument("--schema-mode", choices=["merge"], help="merge: add the file's new columns to the table")
         p.set_defaults(func=lambda a, op=operation: _write(a, op))
+    p = sub.add_parser("add-columns", parents=[verbose],
+                       help="add nullable columns, or widen columns (a wider integer, float to double, decimal "
+                            "precision up)")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("columns", help="name:type,... as for create --schema (e.g. note:string,qty:int64)")
+    p.set_defaults(func=cmd_add_columns)
     p = sub.add_parser("read", parents=[verbose], help="print the table's snapshot")
     p.add_argument("path", help="the table's directory")
     p.add_argument("--limit", type=int, default=20, help="rows to print (0: all)")

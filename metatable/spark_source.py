@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 READ_OPTIONS = {"path", "as_of", "read_optimized"}
 WRITE_OPTIONS = {"path", "operation", "record_key", "partition_by", "ordering_field", "table_type", "index",
-                 "num_buckets"}
+                 "num_buckets", "schema_mode"}
 OPERATIONS = ("upsert", "insert", "delete", "bulk_insert")
 _COMPARISONS = {EqualTo: "==", GreaterThan: ">", GreaterThanOrEqual: ">=", LessThan: "<", LessThanOrEqual: "<="}
 
@@ -73,11 +73,15 @@ class MetatableDataSource(DataSource):
         return "metatable"
 
     def schema(self) -> StructType:
-        return to_spark_schema(Table.open(self._path(READ_OPTIONS)).config.schema)
+        return to_spark_schema(self._snapshot_schema())
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        self._path(READ_OPTIONS)
-        return SnapshotReader(dict(self.options))
+        return SnapshotReader(dict(self.options), self._snapshot_schema())
+
+    def _snapshot_schema(self) -> pa.Schema:
+        """The columns of the snapshot read: the table's now, or as of option `as_of`."""
+        table = Table.open(self._path(READ_OPTIONS))
+        return table.context.view(self.options.get("as_of")).config.schema
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         if overwrite:
@@ -88,7 +92,7 @@ class MetatableDataSource(DataSource):
         if operation not in OPERATIONS:
             raise ConfigError(f"option operation={operation!r} is not one of {list(OPERATIONS)}")
         path = os.path.abspath(path)
-        existing = Table.open(path).config.schema if LocalStorage().exists(TablePaths(path).table_config) else None
+        existing = Table.open(path).schema if LocalStorage().exists(TablePaths(path).table_config) else None
         wall_clock = [f.name for f in existing or () if pa.types.is_timestamp(f.type) and f.type.tz is None]
         return StagedWriter(path, operation, dict(self.options), wall_clock)
 
@@ -108,8 +112,9 @@ class SlicePartition(InputPartition):
 
 
 class SnapshotReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: dict[str, str], schema: pa.Schema) -> None:
         self.path = options["path"]
+        self.schema = schema  # the snapshot's, as `MetatableDataSource.schema` declared it
         self.as_of = options.get("as_of")
         self.read_optimized = options.get("read_optimized", "false").lower() == "true"
         self.filters: list[Conjunct] = []
@@ -134,9 +139,9 @@ class SnapshotReader(DataSourceReader):
         if partition.file_slice is None:
             return
         table = Table.open(self.path)
-        config = table.config
-        rows = read_slice(table.storage, table.context.paths, config, partition.file_slice, self.read_optimized)
-        rows = rows.select(config.schema.names)
+        # the config's widest schema holds every column of the snapshot's: it is read into, then projected and cast
+        rows = read_slice(table.storage, table.context.paths, table.config, partition.file_slice, self.read_optimized)
+        rows = rows.select(self.schema.names).cast(self.schema)
         if self.filters:
             rows = rows.filter(row_mask(rows, self.filters))
         yield from rows.to_batches()
@@ -161,16 +166,19 @@ class StreamSink:
     as the version of the stream's `Txn`, so a batch Spark replays after a restart (it committed here, but
     the query died before its checkpoint did) is skipped. One running query per stream name."""
 
-    def __init__(self, path: str, stream: str, operation: str = "upsert") -> None:
+    def __init__(self, path: str, stream: str, operation: str = "upsert", schema_mode: str | None = None) -> None:
         if operation not in OPERATIONS:
             raise ConfigError(f"operation {operation!r} is not one of {list(OPERATIONS)}")
         self.path = path
         self.stream = stream
         self.operation = operation
+        self.schema_mode = schema_mode  # "merge": a batch's new columns are added to the table
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         table = Table.open(self.path)
-        result = getattr(table, self.operation)(batch, txn=Txn(self.stream, int(batch_id)))
+        txn = Txn(self.stream, int(batch_id))
+        result = table.delete(batch, txn=txn) if self.operation == "delete" else \
+            getattr(table, self.operation)(batch, txn=txn, schema_mode=self.schema_mode)
         crash_point("stream.batch.written")  # committed here, not yet in Spark's checkpoint
         log.info("stream %s batch %d: %s", self.stream, batch_id, result)
 
@@ -218,7 +226,10 @@ class StagedWriter(DataSourceArrowWriter):
             files = [m.path for m in messages if m is not None and m.path]
             table = self._table(files)
             if files:
-                result = getattr(table, self.operation)(ds.dataset(files, format="arrow"))
+                data = ds.dataset(files, format="arrow")
+                mode = self.options.get("schema_mode")
+                result = table.delete(data) if self.operation == "delete" else \
+                    getattr(table, self.operation)(data, schema_mode=mode)
                 log.info("metatable source: %s %s: %d inserted, %d updated, %d upserted, %d deleted",
                          self.operation, result.instant, result.inserted, result.updated, result.upserted,
                          result.deleted)

@@ -33,6 +33,7 @@ from metatable.write.write_client import Txn, WriteClient, WriteResult
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 
 
 def replayable(data: Any) -> bool:
@@ -94,49 +95,69 @@ class Table:
 
     # -- writes -------------------------------------------------------------------------------------
     @writes
-    def upsert(self, data: Any, txn: Txn | None = None) -> WriteResult:
+    def upsert(self, data: Any, txn: Txn | None = None, schema_mode: str | None = None) -> WriteResult:
         """Insert new keys, update existing ones (the greatest ordering value wins). `data`: a Spark
         DataFrame, a pyarrow Table, or a stream as for `bulk_insert`. `txn` (application, version), as every
         write takes: skipped when the application already committed that version or a later one (a replayed
-        stream batch lands once; `spark_source.StreamSink`)."""
-        return self._write(data, "upsert", txn)
+        stream batch lands once; `spark_source.StreamSink`). `schema_mode="merge"`, as every write but delete
+        takes: the data's new columns are added to the table (nullable), in the same commit; without it they are
+        an error (widening a column is `add_columns`'). Columns added to the table
+        since it was created may be left out of the data: they are written as nulls."""
+        return self._write(data, "upsert", txn, schema_mode)
 
     @writes
-    def insert(self, data: Any, txn: Txn | None = None) -> WriteResult:
+    def insert(self, data: Any, txn: Txn | None = None, schema_mode: str | None = None) -> WriteResult:
         """Insert new keys; rows whose key already exists are skipped (counted in `skipped`)."""
-        return self._write(data, "insert", txn)
+        return self._write(data, "insert", txn, schema_mode)
 
     @writes
-    def bulk_insert(self, data: Any, txn: Txn | None = None) -> WriteResult:
+    def bulk_insert(self, data: Any, txn: Txn | None = None, schema_mode: str | None = None) -> WriteResult:
         """A load: insert, for data too big to hold. Give a stream (a Parquet path, a `pyarrow.dataset`, a
         `RecordBatchReader`) and it is read in chunks of `write.chunk_rows` and written one file group at a
         time, so memory follows the chunk and file-group sizes, not the input's. Keys that exist are skipped
         as by `insert` (Hudi's bulk_insert would duplicate them); where a partition has no files yet, no key
         is looked up."""
-        return self._write(data, "bulk_insert", txn)
+        return self._write(data, "bulk_insert", txn, schema_mode)
 
     @writes
     def delete(self, keys: Any, txn: Txn | None = None) -> WriteResult:
         """Delete by key: the record key columns (and partition columns, for a partitioned table)."""
         return self._write(keys, "delete", txn)
 
-    def _write(self, data: Any, operation: str, txn: Txn | None) -> WriteResult:
+    def _write(self, data: Any, operation: str, txn: Txn | None, schema_mode: str | None = None) -> WriteResult:
         client = WriteClient(self.context, self.metadata_index)
         retries = self.config.options["write.conflict_retries"] if replayable(data) else 0
-        for attempt in range(retries + 1):
+        result = self._retried(lambda: client.write(data, operation, txn, schema_mode), operation, retries)
+        maintenance.after_commit(self.context, client.action, result.instant)
+        return result
+
+    def _retried(self, attempt: Callable[[], R], operation: str, retries: int) -> R:
+        """`attempt()`, again from a new snapshot (up to `retries` times) when it lost to a concurrent write."""
+        for tried in range(retries):
             try:
-                result = client.write(data, operation, txn)
-                break
+                return attempt()
             except ClusteringConflict:  # the clustering must complete first: the caller retries after it
                 raise
             except ConflictError as e:
-                if attempt == retries:
-                    raise
                 log.info("%s on %s lost to a concurrent write (%s); again from a new snapshot", operation,
                          self.path, e)
-                time.sleep(random.uniform(0.01, 0.05) * 2 ** attempt)  # writers that collided do not again
-        maintenance.after_commit(self.context, client.action, result.instant)
-        return result
+                time.sleep(random.uniform(0.01, 0.05) * 2 ** tried)  # writers that collided do not again
+        return attempt()
+
+    @writes
+    def add_columns(self, fields: Sequence[pa.Field]) -> str | None:
+        """Add nullable columns, or widen existing ones (a wider integer, float to double, a decimal's precision
+        up), in one commit: rows written before read the new columns as nulls, and reads as of earlier instants
+        keep their own schema. Dropping, narrowing or retyping a column is refused before anything is written.
+        Returns the instant, None when the table has every field already."""
+        client = WriteClient(self.context, self.metadata_index)
+        return self._retried(lambda: client.add_columns(fields), "add_columns",
+                             self.config.options["write.conflict_retries"])
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table's columns now (with every schema change that has completed)."""
+        return self.context.current_config().schema
 
     @writes
     def rollback(self, instant: str | None = None, force: bool = False) -> dict[str, str]:

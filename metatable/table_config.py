@@ -5,7 +5,7 @@ import base64
 import json
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -22,6 +22,7 @@ INDEX_SCOPES = ("partition", "global")
 KEY_COLUMN = "_mt_record_key"     # stored in every data file
 DELETED_COLUMN = "_mt_is_deleted"  # stored in merge-on-read log blocks
 META_COLUMNS = (KEY_COLUMN, DELETED_COLUMN)
+CREATED = ""  # in `TableConfig.schema_versions`, the time of the schema the table was created with
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,13 @@ class TableConfig:
     metadata_indexes: tuple[str, ...] = ("column_stats",)  # ready: lookups, data skipping and tagging use them
     options: Mapping[str, Any] = field(default_factory=dict)
     building: tuple[str, ...] = ()  # scheduled by the indexer: every commit maintains them, nothing reads them
+    # (instant time, schema) of every schema the table has had, oldest first: the one it was created with (time
+    # CREATED), then each schema change, named by the instant that made it (valid once that instant completed)
+    schema_versions: tuple[tuple[str, pa.Schema], ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.schema_versions:
+            object.__setattr__(self, "schema_versions", ((CREATED, self.schema),))
         names = set(self.schema.names)
         if not self.record_key:
             raise InvalidInputError("record_key needs at least one column")
@@ -140,6 +146,39 @@ class TableConfig:
         return replace(self, metadata_indexes=tuple(p for p, s in states.items() if s == READY),
                        building=tuple(p for p, s in states.items() if s == BUILDING))
 
+    def with_stored(self, stored: Mapping[str, Any]) -> TableConfig:
+        """This config with what table.json holds now of what changes while tables are open: the index states
+        and the schema versions. Its schema is then the widest, every column of every version (a later
+        version's type winning): what a rewrite of data files (compaction, clustering) reads and writes, so it
+        drops no column of any file. A snapshot reads with its own version (`as_seen`)."""
+        versions = ((CREATED, self.schema_versions[0][1]),
+                    *sorted((t, decode_schema(b)) for t, b in stored.get("schema_history", {}).items()))
+        widest: dict[str, pa.Field] = {}
+        for _, schema in versions:
+            widest.update((f.name, f) for f in schema)
+        return replace(self.with_index_states(parse_index_states(stored["metadata_indexes"])),
+                       schema=pa.schema(list(widest.values())), schema_versions=versions)
+
+    @cached_property
+    def known_columns(self) -> frozenset[str]:
+        """Every column a data file of this table may hold: those of every schema version, and the metadata
+        columns. A reader refuses others (a damaged footer's column names)."""
+        return frozenset(n for _, schema in self.schema_versions for n in schema.names) | frozenset(META_COLUMNS)
+
+    def as_seen(self, visible: Callable[[str], bool]) -> TableConfig:
+        """This config with the schema of a snapshot: the newest version whose instant the snapshot sees."""
+        schema = next(s for t, s in reversed(self.schema_versions) if t == CREATED or visible(t))
+        return self if schema.equals(self.schema) else replace(self, schema=schema)
+
+    def with_schema(self, schema: pa.Schema) -> TableConfig:
+        return self if schema.equals(self.schema) else replace(self, schema=schema)
+
+    @property
+    def added_columns(self) -> frozenset[str]:
+        """Columns added since the table was created: a write may leave them out (they are written as nulls),
+        as writers that predate a column do."""
+        return frozenset(self.schema.names) - frozenset(self.schema_versions[0][1].names)
+
     @property
     def merge_on_read(self) -> bool:
         return self.table_type == "merge_on_read"
@@ -174,7 +213,8 @@ class TableConfig:
         overridden = {k: v for k, v in self.options.items() if v != config.OPTIONS[k].default}
         return json.dumps({
             "format_version": 1,
-            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode("ascii"),
+            "schema": encode_schema(self.schema_versions[0][1]),
+            "schema_history": {t: encode_schema(schema) for t, schema in self.schema_versions[1:]},
             "record_key": list(self.record_key), "partition_by": list(self.partition_by),
             "ordering_field": self.ordering_field, "table_type": self.table_type,
             "index": self.index.to_json(), "metadata_indexes": self.index_states(),
@@ -184,13 +224,21 @@ class TableConfig:
     @classmethod
     def from_json(cls, text: str, options: Mapping[str, Any] | None = None) -> TableConfig:
         d = json.loads(text)
-        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(d["schema"])))
+        schema = decode_schema(d["schema"])
         states = parse_index_states(d["metadata_indexes"])
         return cls(schema=schema, record_key=tuple(d["record_key"]), partition_by=tuple(d["partition_by"]),
                    ordering_field=d["ordering_field"], table_type=d["table_type"], index=IndexConfig(**d["index"]),
                    metadata_indexes=tuple(p for p, s in states.items() if s == READY),
                    options={**d["options"], **(options or {})},
-                   building=tuple(p for p, s in states.items() if s == BUILDING))
+                   building=tuple(p for p, s in states.items() if s == BUILDING)).with_stored(d)
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def decode_schema(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 def parse_index_states(stored: Mapping[str, str] | Sequence[str]) -> dict[str, str]:

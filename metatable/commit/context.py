@@ -18,7 +18,7 @@ from metatable.config import METADATA_PREFIXES
 from metatable.errors import CorruptFileError, MetatableError, TableExistsError, TableNotFoundError
 from metatable.formats.clustering_plan import RESIZE
 from metatable.metadata.table import MetadataTable, finish_swap
-from metatable.storage.base import Storage
+from metatable.storage.base import Storage, read_json
 from metatable.storage.local import LocalStorage
 from metatable.storage.paths import TablePaths
 from metatable.table_config import READY, TableConfig
@@ -42,7 +42,7 @@ def rejects_writes(timeline: Timeline, instant: Instant) -> bool:
 class TableContext:
     paths: TablePaths
     storage: Storage
-    config: TableConfig
+    config: TableConfig  # as opened: its schema is the widest (`with_stored`); a snapshot's is its view's
     timeline: Timeline
     metadata: MetadataTable
     transactions: Transactions
@@ -84,8 +84,18 @@ class TableContext:
         return read_states(self.storage, self.paths)
 
     def config_now(self) -> TableConfig:
-        """The table's config with the index states of now."""
-        return self.config.with_index_states(self.index_states())
+        """The table's config with the index states and schema versions of now (`TableConfig.with_stored`); a
+        view picks its schema among the versions."""
+        return self.config.with_stored(read_json(self.storage, self.paths.table_config))
+
+    def current_config(self) -> TableConfig:
+        """`config_now` with the schema of the latest completed instant: what a write conforms its input to
+        before it begins. Lists the timeline only when the table's schema has ever changed."""
+        config = self.config_now()
+        if len(config.schema_versions) == 1:
+            return config
+        completed = {i.time for i in self.timeline.completed()}
+        return config.as_seen(completed.__contains__)
 
     @classmethod
     def open(cls, path: str, storage: Storage | None = None, options: Mapping[str, Any] | None = None,

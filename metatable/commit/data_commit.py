@@ -27,6 +27,7 @@ from metatable.commit.conflicts import Committer, Concurrent, check, concurrent_
 from metatable.commit.context import TableContext
 from metatable.commit.dual_writes import DUAL, dual_rows, merge_into_base, resize_instant
 from metatable.commit.index_records import Change, change_records
+from metatable.commit.schema_history import record_schema
 from metatable.commit.timeline_view import FileGroup, TimelineView, group_name, parse_group_name
 from metatable.errors import ConflictError
 from metatable.faults import crash_point
@@ -58,6 +59,7 @@ class Commit:
     records: Records = field(default_factory=dict)  # metadata records beyond the new files' own
     file_groups: Sequence[str] | None = None  # the file groups it changes (default: those of its files)
     catch_up: Callable[[list[WrittenFile]], list[WrittenFile]] | None = None  # a resize's, under the lock
+    schema: pa.Schema | None = None  # the schema its files have, when it changes the table's (`schema_history`)
 
 
 def commit(context: TableContext, c: Commit) -> Instant:
@@ -87,16 +89,20 @@ def publish(context: TableContext, c: Commit) -> Content:
     files = rehome_files(context, time_, files, resolution.rehome) if resolution.rehome else files
     if c.catch_up is not None:
         files = c.catch_up(files)
+    if c.schema is not None:
+        record_schema(context.storage, context.paths, context.config, context.timeline, c.instant, c.schema)
+        crash_point("table.commit.schema")
     metadata = context.metadata
     metadata.reload_partitions()
-    maintained = context.config_now().maintained  # the index states of now, whatever this writer opened with
+    now = context.config_now()  # the index states and columns of now, whatever this writer opened with
+    maintained = now.maintained
     completed = time.time_ns()
     replaced = c.metadata.get("replaced", {})
     supersedes = maintained and (replaced or any(f.kind == "base" for f in files))  # else no view to read
     change = Change(c.committer.action, files, superseded_bases(context.view(), files, replaced) if supersedes else {},
                     completed)
     records: dict[str, dict[str, Any]] = {"files": files_records(files),
-                                          **change_records(context.storage, context.paths, context.config, time_,
+                                          **change_records(context.storage, context.paths, now, time_,
                                                            change, maintained)}
     rings = new_rings(context, time_, files) if c.committer.dual_writes else {}
     if rings:
@@ -187,9 +193,10 @@ def settle_duals(context: TableContext, instant: str, files: list[WrittenFile],
             out.append(move_into(context, slots, instant, log_file, group))
         else:  # copy-on-write, or a new file group that the resize left empty: a new base
             by_group.setdefault(group, []).append(d)
+    config = context.config_now()  # under the lock: the widest schema, so no column of a dual log is lost
     for (partition, file_id), logs in sorted(by_group.items()):
-        rows = [dual_rows(context.storage, context.paths, context.config, partition, d.file_name) for d in logs]
-        out.append(merge_into_base(context.storage, context.paths, context.config, instant, partition, file_id,
+        rows = [dual_rows(context.storage, context.paths, config, partition, d.file_name) for d in logs]
+        out.append(merge_into_base(context.storage, context.paths, config, instant, partition, file_id,
                                    view.file_slices.get((partition, file_id)), rows))
         for d in logs:
             context.storage.delete(context.paths.file(partition, d.file_name))
@@ -307,7 +314,7 @@ def split_into_successors(context: TableContext, view: TimelineView, slots: LogS
                           f: WrittenFile) -> list[WrittenFile]:
     """A log written for a file group that a clustering replaced meanwhile: each row goes to the file group
     that holds its key now (a new key to the first of them, or its bucket's), as a log of that group."""
-    config = context.config
+    config = context.config_now()  # under the lock: the widest schema, so no column of the log is lost
     targets = successors(view, parse_group_name(f.group))
     if not targets:
         raise ConflictError(f"write {instant}: file group {f.group} was replaced and nothing took over its rows")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 
 from metatable.commit.index_states import undo_indexing
+from metatable.commit.schema_history import forget_schema
 from metatable.metadata.table import MetadataTable
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
@@ -38,6 +39,7 @@ class DataUndo:
         for relative in files:
             self.storage.delete(f"{self.paths.root}/{relative}")
         self.metadata.rollback(time)
+        forget_schema(self.storage, self.paths, time)
         shutil.rmtree(self.paths.spill(time), ignore_errors=True)  # a stream's input, spilled by file group
         clear(self.storage, self.paths, time)
         return {"deleted": files}

@@ -105,9 +105,10 @@ def base_file_records(storage: Storage, paths: TablePaths, config: TableConfig, 
             out["column_stats"] = pickle.loads(f.column_stats)
         else:
             with naming_damage(path), pq.ParquetFile(path, page_checksum_verification=True) as parquet:
-                rows = parquet.read(columns=config.stats_columns())
-                out["column_stats"] = file_column_stats(rows, config.stats_columns(), f.partition, f.file_name,
-                                                        parquet.metadata)
+                present = set(parquet.schema_arrow.names)  # a file written before a column was added lacks it
+                columns = [c for c in config.stats_columns() if c in present]
+                rows = parquet.read(columns=columns)
+                out["column_stats"] = file_column_stats(rows, columns, f.partition, f.file_name, parquet.metadata)
     if "bloom_filter" in partitions:
         bloom = f.bloom_filter or BloomFilter.build(key_column(path)[0], config.options["index.bloom.fpp"]).to_bytes()
         out["bloom_filter"] = {bloom_filter_key(f.partition, f.file_name): {

@@ -41,12 +41,12 @@ def parse_group_name(name: str) -> FileGroup:
 
 class TimelineView:
     """What one snapshot sees. `config` is the table's config with the metadata index states read when the
-    snapshot was made: every read and write through this view uses those, so an index dropped (or made
-    ready) by another process afterwards changes only later snapshots."""
+    snapshot was made, and the schema of the snapshot: every read and write through this view uses those,
+    so an index dropped (or made ready), or a column added, by another process afterwards changes only later
+    snapshots."""
 
     def __init__(self, timeline: Timeline, metadata: MetadataTable, config: TableConfig,
                  as_of: str | None = None) -> None:
-        self.config = config
         if not set(config.maintained) <= set(metadata.partitions):  # an index built since this table opened
             metadata.reload_partitions()
         metadata.refresh()
@@ -67,6 +67,7 @@ class TimelineView:
                 f"of {self.readable_from} or later are readable (the latest is {self.completed[-1].time}). "
                 "clean.retain_commits sets how many commits stay readable")
         self.as_of = as_of
+        self.config = config.as_seen(self.visible)  # the schema of this snapshot (`schema_history`)
 
     @cached_property
     def readable_from(self) -> str:

@@ -1,7 +1,7 @@
 """Reading a data file slice: its base (Parquet) merged with its logs."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -26,13 +26,15 @@ def base_path(paths: TablePaths, fs: FileSlice) -> str | None:
     return paths.file(fs.partition, fs.base.file_name) if fs.base else None
 
 
-def read_base(path: str, schema: pa.Schema | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+def read_base(path: str, schema: pa.Schema | None = None, columns: Sequence[str] | None = None,
+              known: Collection[str] | None = None) -> pa.Table:
     """A base file, read whole (or `columns` of it), its pages' checksums verified: a damaged or missing file
     is an error naming it. `ParquetFile.read` skips the dataset layer of `pq.read_table` (the 7 base files of
     SF 0.01: 20.5 -> 15.3 ms warm); a file whose columns differ from `schema` goes through that layer, which
-    reads it into `schema`."""
+    reads it into `schema`: columns it lacks as nulls, narrower ones cast up, others left out. `known`: the
+    columns the file may hold (default: the schema's; a table whose schema changed: `known_columns`)."""
     with naming_damage(path):
-        check_footer(path, schema)
+        check_footer(path, known if known is not None else schema.names if schema is not None else None)
         table = pq.ParquetFile(path, page_checksum_verification=True).read(columns=columns)
         wanted = schema if schema is None or columns is None else pa.schema([schema.field(c) for c in columns])
         if wanted is None or table.schema.equals(wanted):
@@ -41,7 +43,7 @@ def read_base(path: str, schema: pa.Schema | None = None, columns: Sequence[str]
 
 
 @footer_fields
-def check_footer(path: str, schema: pa.Schema | None) -> None:
+def check_footer(path: str, known: Collection[str] | None) -> None:
     """What page checksums cannot cover, the footer, checked where it can be: a flipped bit in a column name
     reads as a column of nulls, one in a row count drops rows (measured: the two kinds of silent damage left
     when every byte of a base file was flipped in turn). Every flat column of a row group must hold exactly
@@ -56,7 +58,7 @@ def check_footer(path: str, schema: pa.Schema | None) -> None:
         width, i = _subtree(elements, i)
         leaves += width[0]
         nested |= width[1]
-    if schema is not None and (unknown := set(names) - set(schema.names)):
+    if known is not None and (unknown := set(names) - set(known)):
         raise CorruptFileError(path, f"it has columns {sorted(unknown)} that the table does not: its footer is damaged")
     total = 0
     for g, group in enumerate(footer.get(4, [])):
@@ -100,7 +102,7 @@ def read_slice(storage: Storage, paths: TablePaths, config: TableConfig, fs: Fil
     """Every live row of the slice in the storage schema (base only when `read_optimized`)."""
     schema = config.storage_schema
     path = base_path(paths, fs) if fs else None
-    base = read_base(path, schema) if path else schema.empty_table()
+    base = read_base(path, schema, known=config.known_columns) if path else schema.empty_table()
     if read_optimized or fs is None or not fs.logs:
         return base
     logs = log_tables(storage, paths, config, fs, config.log_schema.names)

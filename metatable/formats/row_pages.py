@@ -112,8 +112,11 @@ def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> l
     variants: dict[bytes, list[tuple]] = {}  # files whose column has another schema element get their own copy
     decoded_rows: dict[bytes, int] = {}  # rows each variant's copy holds so far
     owners: dict[bytes, list[str]] = {}  # the file of each group, to name a damaged one
-    places: list[tuple[bytes, np.ndarray]] = []
+    places: list[tuple[bytes | None, np.ndarray]] = []
     for pages, rows in wanted:
+        if name not in pages.names:  # a column added after the file was written: its rows read as nulls
+            places.append((None, rows))
+            continue
         column = pages.names.index(name)
         element = pages.elements[column]
         groups = variants.setdefault(element, [])
@@ -145,8 +148,8 @@ def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> l
                 decoded[element] = _decode(element, groups)
             except (OSError, pa.ArrowException) as e:
                 raise _damaged(element, groups, owners[element], name, e) from None
-    return [decoded[element].take(pa.array(positions)) if len(positions) else _empty(decoded, element)
-            for element, positions in places]
+    return [pa.nulls(len(positions)) if element is None else decoded[element].take(pa.array(positions))
+            if len(positions) else _empty(decoded, element) for element, positions in places]
 
 
 def _decode(element: bytes, groups: list[tuple]) -> pa.Array:

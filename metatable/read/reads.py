@@ -18,6 +18,7 @@ from metatable.formats.data_log import log_row_count
 from metatable.read.scan_filter import Conjunct, may_match, row_mask, spark_condition, validate
 from metatable.spark.dataframes import read_dataframe
 from metatable.spark.session import active_session
+from metatable.table_config import TableConfig
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ class ScanPlan:
     slices: list[FileSlice]
     filters: list[Conjunct]
     total: int  # file slices in the snapshot
+    config: TableConfig  # the snapshot's: its schema is the read's
 
     @property
     def report(self) -> dict[str, int]:
@@ -36,8 +38,7 @@ class ScanPlan:
 def scan_plan(context: TableContext, as_of: str | None = None,
               filter: Sequence[Conjunct] | None = None) -> ScanPlan:
     """The file slices a read needs: all of them, less those whose column stats rule the filter out."""
-    filters = validate(filter, context.config.schema)
-    return context.read_view(lambda view: plan_of(view, filters), as_of)
+    return context.read_view(lambda view: plan_of(view, validate(filter, view.config.schema)), as_of)
 
 
 def plan_of(view: TimelineView, filters: list[Conjunct]) -> ScanPlan:
@@ -59,20 +60,20 @@ def plan_of(view: TimelineView, filters: list[Conjunct]) -> ScanPlan:
         kept = [fs for fs in slices if possible(fs)]
     if filters:
         log.info("read: %d of %d file slices skipped by column stats", len(slices) - len(kept), len(slices))
-    return ScanPlan(kept, filters, len(slices))
+    return ScanPlan(kept, filters, len(slices), view.config)
 
 
 def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False) -> pa.Table:
-    names = context.config.schema.names
+    schema = plan.config.schema
     tables = []
     for fs in plan.slices:
-        rows = read_slice(context.storage, context.paths, context.config, fs, read_optimized).select(names)
+        rows = read_slice(context.storage, context.paths, plan.config, fs, read_optimized).select(schema.names)
         tables.append(rows.filter(row_mask(rows, plan.filters)) if plan.filters else rows)
-    return pa.concat_tables(tables) if tables else context.config.schema.empty_table()
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def to_dataframe(context: TableContext, plan: ScanPlan, read_optimized: bool = False, spark: Any = None) -> Any:
-    df = read_dataframe(active_session(spark), context.paths, context.config, plan.slices, read_optimized)
+    df = read_dataframe(active_session(spark), context.paths, plan.config, plan.slices, read_optimized)
     return df.where(spark_condition(plan.filters)) if plan.filters else df
 
 

@@ -176,7 +176,7 @@ def sort_columns_of(config: TableConfig, asked: Sequence[str] | None) -> tuple[s
 
 def make_plan(context: TableContext, view: TimelineView, sort_columns: Sequence[str] | None,
               partitions: Partitions, num_buckets: int | None) -> ClusteringPlan | None:
-    config = context.config
+    config = view.config
     sort = sort_columns_of(config, sort_columns)
     if config.index.consistent_hashing:
         if sort or num_buckets is not None:
@@ -309,14 +309,15 @@ def rewrite_and_commit(context: TableContext, instant: Instant, plan: Clustering
         plan = as_of_now(plan, view)
         catch_up = CatchUp(context, plan, instant.time, OUTPUT_TOKEN)
     seen = frozenset(i.time for i in context.timeline.completed())  # writes after this must not reach its groups
+    config = context.config_now()  # the widest schema: the rewrite drops no column of any file it reads
     if not plan.groups:
         rows = []
     elif spark is not None:  # the cores Spark gives this job, shared among its tasks
         workers = max(1, spark.sparkContext.defaultParallelism // max(1, len(plan.groups)))
-        task = partial(rewrite_group, context.paths, context.config, instant.time, plan, workers)
+        task = partial(rewrite_group, context.paths, config, instant.time, plan, workers)
         rows = run_indexed_tasks(spark, len(plan.groups), task).to_pylist()
     else:
-        task = partial(rewrite_group, context.paths, context.config, instant.time, plan, os.cpu_count() or 1)
+        task = partial(rewrite_group, context.paths, config, instant.time, plan, os.cpu_count() or 1)
         rows = [row for g in progress(range(len(plan.groups)), f"clustering {instant.time}", "group") for row in task(g)]
     crash_point("table.clustering.files")
     files = written_files(rows)

@@ -24,6 +24,7 @@ from metatable.file_group.file_slice import by_completion, latest_slice, parse_n
 from metatable.file_group.slice_reader import read_slice
 from metatable.file_group.written import written_files
 from metatable.progress import progress
+from metatable.table_config import TableConfig
 from metatable.timeline.instant import Action, Instant
 from metatable.timeline.lifecycle import Service, run_due, run_pending
 from metatable.timeline.transaction import Content
@@ -86,8 +87,9 @@ def service(context: TableContext, only: Collection[str] | None = None) -> Servi
         started = time.monotonic()
         seen = frozenset(i.time for i in context.timeline.completed())
         groups = plan["file_groups"]
+        config = context.config_now()  # the widest schema: the rewrite drops no column of any file it reads
         with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-compact") as pool:
-            rows = list(progress(pool.map(lambda item: compact_file_group(context, instant.time, *item),
+            rows = list(progress(pool.map(lambda item: compact_file_group(context, config, instant.time, *item),
                                           groups.items()), f"compaction {instant.time}", total=len(groups)))
         crash_point("table.compaction.files")
         commit(context, Commit(instant, Committer.of(Action.COMPACTION, context.config), written_files(rows), seen,
@@ -97,10 +99,11 @@ def service(context: TableContext, only: Collection[str] | None = None) -> Servi
     return Service(Action.COMPACTION, plan, execute)
 
 
-def compact_file_group(context: TableContext, instant: str, group: str, names: list[str]) -> dict:
+def compact_file_group(context: TableContext, config: TableConfig, instant: str, group: str,
+                       names: list[str]) -> dict:
     partition, file_id = parse_group_name(group)
     bases, logs = parse_names(names, PARQUET)
     fs = latest_slice(partition, file_id, bases, logs, {b.instant for b in bases}.__contains__, by_completion)
-    rows = read_slice(context.storage, context.paths, context.config, fs)
-    return write_base_file(context.storage, context.paths, context.config, instant, partition, file_id, rows,
+    rows = read_slice(context.storage, context.paths, config, fs)
+    return write_base_file(context.storage, context.paths, config, instant, partition, file_id, rows,
                            write_token=OUTPUT_TOKEN)

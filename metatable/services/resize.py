@@ -169,7 +169,8 @@ class CatchUp:
 
     def __call__(self, files: list[WrittenFile]) -> list[WrittenFile]:
         self.check_rings()
-        context, config = self.context, self.context.config
+        context = self.context
+        config = context.config_now()  # under the lock: the widest schema, so no column of a dual log is lost
         by_group: dict[tuple[str, str], list[str]] = {}
         for relative in self.dual_logs():
             partition, _, name = relative.rpartition("/")

@@ -52,9 +52,13 @@ def conform_dataframe(df, config: TableConfig, operation: str):
     target = conformed_schema(source, config, operation)
     if source.names == target.names and all(source.field(f.name).type == f.type for f in target):
         return df
-    return df.select(*[F.col(f.name) if source.field(f.name).type == f.type else
-                       F.col(f.name).cast(t.dataType).alias(f.name)
-                       for f, t in zip(target, to_spark_schema(target).fields)])
+
+    def column(field: pa.Field, spark_type):
+        if field.name not in source.names:  # added since the table was created: nulls
+            return F.lit(None).cast(spark_type).alias(field.name)
+        same = source.field(field.name).type == field.type
+        return F.col(field.name) if same else F.col(field.name).cast(spark_type).alias(field.name)
+    return df.select(*[column(f, t.dataType) for f, t in zip(target, to_spark_schema(target).fields)])
 
 
 def gathered(batches: Iterator[Any], rows: int) -> Iterator[tuple[list[pa.Array], list[int]]]:

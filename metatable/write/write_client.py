@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow as pa
 
@@ -27,12 +27,14 @@ from metatable.commit.conflicts import Committer
 from metatable.commit.context import TableContext
 from metatable.commit.data_commit import Commit, commit
 from metatable.commit.timeline_view import TimelineView, group_name
+from metatable.errors import InvalidInputError
 from metatable.faults import crash_point
 from metatable.file_group.written import counts, written_files
 from metatable.read.locator import MetadataIndex
-from metatable.spark.session import is_dataframe
-from metatable.table_config import KEY_COLUMN
-from metatable.timeline.instant import WRITE_ACTIONS, Action
+from metatable.schema_evolution import check_changes, merged_write_schema
+from metatable.spark.session import arrow_schema_of, is_dataframe
+from metatable.table_config import KEY_COLUMN, TableConfig
+from metatable.timeline.instant import WRITE_ACTIONS, Action, Instant
 from metatable.write.spark_write import conform_dataframe, partition_counts, run_spark
 from metatable.write.write_engine import run_local
 from metatable.write.write_input import WriteStream, as_input, conform
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BYTES_PER_ROW = 100.0  # until a table has files to measure
 OPERATIONS = ("upsert", "insert", "bulk_insert", "delete")
+SCHEMA_MODES = (None, "merge")  # merge: the data's new columns are added to the table
 
 
 @dataclass(frozen=True)
@@ -84,48 +87,96 @@ class WriteClient:
     def action(self) -> Action:
         return Action.DELTACOMMIT if self.context.config.merge_on_read else Action.COMMIT
 
-    def write(self, data: Any, operation: str, txn: Txn | None = None) -> WriteResult:
+    def write(self, data: Any, operation: str, txn: Txn | None = None, schema_mode: str | None = None) -> WriteResult:
         started = time.monotonic()
-        context, config = self.context, self.context.config
+        if schema_mode not in SCHEMA_MODES:
+            raise InvalidInputError(f"schema_mode must be one of {list(SCHEMA_MODES)}, got {schema_mode!r}")
+        context = self.context
         on_spark = is_dataframe(data)
-        if on_spark:
-            data = conform_dataframe(data, config, operation)
-        else:
-            data = as_input(data)
-            data = conform(data, config, operation) if isinstance(data, pa.Table) else data.conformed(config, operation)
+        data = data if on_spark else as_input(data)
+        merging = schema_mode == "merge" and operation != "delete"
+        config = self.with_data_columns(context.current_config(), data) if merging else context.current_config()
+        data = self.conformed(data, config, operation)
         transactions = context.transactions
         with transactions.lock.held():
             done = txn.applied_by(context) if txn else None
             if done is not None:
                 log.info("%s of %s version %d skipped: commit %s applied it", operation, txn.app, txn.version, done)
                 return WriteResult(done, operation, seconds=time.monotonic() - started)
-            instant = transactions.begin(self.action, {"operation": operation})
-            try:
-                view = context.view()
-            except BaseException:
-                transactions.abort(instant)
-                raise
+            instant, view = self.begin(operation)
         with transactions.running(instant):
-            plan = view.index_plan(config.index) if config.index.type == "bucket" \
+            # the schema written: the snapshot's (a column may have been added since the data was conformed),
+            # with what this write adds to it
+            written = self.with_data_columns(view.config, config.schema) if merging else view.config
+            if not written.schema.equals(config.schema):
+                data = self.conformed(data, written, operation)
+            plan = view.index_plan(written.index) if written.index.type == "bucket" \
                 else self.bloom_plan(view, data, operation, instant.time)
-            task = WriteTask(context.paths, view.config, instant.time, operation, view.file_slices,
+            task = WriteTask(context.paths, written, instant.time, operation, view.file_slices,
                              view.log_base_instants(), plan)
             if on_spark:
                 stats = run_spark(task, data)
             else:
-                stream = data if isinstance(data, pa.Table) else data.chunks(config.options["write.chunk_rows"])
+                stream = data if isinstance(data, pa.Table) else data.chunks(written.options["write.chunk_rows"])
                 stats = run_local(task, stream, context.paths.spill(instant.time))
             rows = stats.to_pylist()
             crash_point("table.write.files")
             files, tally = written_files(rows), counts(rows)
-            commit(context, Commit(instant, Committer.of(self.action, config), files, view.completed_times,
-                                   {"operation": operation, **tally, **({"txn": asdict(txn)} if txn else {})}))
+            evolves = not written.schema.equals(view.config.schema)
+            commit(context, Commit(instant, Committer.of(self.action, written), files, view.completed_times,
+                                   {"operation": operation, **tally, **({"txn": asdict(txn)} if txn else {})},
+                                   schema=written.schema if evolves else None))
         result = WriteResult(instant.time, operation, files_written=len(files), seconds=time.monotonic() - started,
                              **tally)
         log.info("%s %s: %d inserted, %d updated, %d upserted, %d deleted, %d skipped, %d files in %.2fs",
                  operation, result.instant, result.inserted, result.updated, result.upserted, result.deleted,
                  result.skipped, result.files_written, result.seconds)
         return result
+
+    def add_columns(self, fields: Sequence[pa.Field]) -> str | None:
+        """Commit a schema change without data: the fields added (or widening their columns). Refused before
+        anything is written when a field narrows, retypes or drops. Returns the instant, None when the table
+        already has every field as given."""
+        context = self.context
+        config = context.current_config()
+        fixed = (*config.record_key, *config.partition_by)
+        if check_changes(config.schema, fields, fixed).equals(config.schema):
+            return None
+        transactions = context.transactions
+        with transactions.lock.held():
+            instant, view = self.begin("add_columns")
+        with transactions.running(instant):
+            written = view.config.with_schema(check_changes(view.config.schema, fields, fixed))
+            commit(context, Commit(instant, Committer.of(self.action, written), (), view.completed_times,
+                                   {"operation": "add_columns", "columns": [f"{f.name} {f.type}" for f in fields]},
+                                   schema=written.schema))
+        log.info("%s: columns %s", instant.time, ", ".join(f"{f.name} {f.type}" for f in fields))
+        return instant.time
+
+    def begin(self, operation: str) -> tuple[Instant, TimelineView]:
+        """Under the lock: begin the instant and take the view it starts from, so the view is exactly the
+        completed instants it will be checked against."""
+        transactions = self.context.transactions
+        instant = transactions.begin(self.action, {"operation": operation})
+        try:
+            return instant, self.context.view()
+        except BaseException:
+            transactions.abort(instant)
+            raise
+
+    @staticmethod
+    def with_data_columns(config: TableConfig, data: Any) -> TableConfig:
+        """`schema_mode="merge"`: the config with the data's new columns added."""
+        schema = data if isinstance(data, pa.Schema) else \
+            arrow_schema_of(data) if is_dataframe(data) else data.schema
+        return config.with_schema(merged_write_schema(config.schema, schema, (*config.record_key, *config.partition_by)))
+
+    @staticmethod
+    def conformed(data: Any, config: TableConfig, operation: str) -> Any:
+        """The input in the table's columns and types, checked before anything is written."""
+        if is_dataframe(data):
+            return conform_dataframe(data, config, operation)
+        return conform(data, config, operation) if isinstance(data, pa.Table) else data.conformed(config, operation)
 
     def bloom_plan(self, view: TimelineView, data: Any, operation: str, instant: str) -> BloomPlan:
         """Pin each base file's key range, and plan where each partition's new keys may go."""

@@ -164,20 +164,23 @@ def needed_columns(config: TableConfig, operation: str) -> list[str]:
 
 
 def conformed_schema(source: pa.Schema, config: TableConfig, operation: str) -> pa.Schema:
-    """The schema the input is cast to; raises for missing or extra columns and types that do not convert."""
+    """The schema the input is cast to: the columns the operation needs, in the table's order. Raises for
+    missing or extra columns and types that do not convert; a column added since the table was created may be
+    missing (`conform` writes it as nulls), so writers that predate it keep working."""
     schema = config.schema
     needed = needed_columns(config, operation)
-    missing = [c for c in needed if c not in source.names]
+    missing = [c for c in needed if c not in source.names and c not in config.added_columns]
     if missing:
         raise InvalidInputError(f"the data lacks columns {missing} that the table needs for {operation}")
     if operation != "delete":
         extra = [c for c in source.names if c not in schema.names]
         if extra:
             raise InvalidInputError(f"the data has columns {extra} that the table does not "
-                                    f"(table columns: {schema.names}); select the table's columns or "
-                                    "recreate the table with the new schema")
+                                    f"(table columns: {schema.names}); select the table's columns, add them "
+                                    "with Table.add_columns, or write with schema_mode='merge'")
     for name in needed:
-        target, have = schema.field(name).type, source.field(name).type
+        target = schema.field(name).type
+        have = source.field(name).type if name in source.names else target
         if not castable(have, target):
             raise InvalidInputError(f"column {name!r} has type {have}, the table stores {target}; "
                                     "cast it before writing")
@@ -185,10 +188,14 @@ def conformed_schema(source: pa.Schema, config: TableConfig, operation: str) -> 
 
 
 def conform(batch: pa.Table, config: TableConfig, operation: str) -> pa.Table:
-    """The batch in the table's column order and types (values that do not convert are an error)."""
+    """The batch in the table's column order and types (values that do not convert are an error); columns
+    it lacks (added since the table was created) as nulls."""
     target = conformed_schema(batch.schema, config, operation)
     columns = []
     for field in target:
+        if field.name not in batch.column_names:
+            columns.append(pa.nulls(batch.num_rows, field.type))
+            continue
         try:
             columns.append(pc.cast(batch[field.name], field.type, safe=True))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:

@@ -197,3 +197,21 @@ def test_index_commands(capsys, files):
     assert out == "dropped record_index\n"
     code, out, _ = run(capsys, "index", "status", t)
     assert "record_index" not in out and "bloom_filter" in out
+
+
+def test_schema_evolution_commands(capsys, files):
+    t = str(files / "t")
+    run(capsys, "create", t, "--schema-from", str(files / "in.csv"), "--key", "id", "--ordering", "ts")
+    run(capsys, "upsert", t, str(files / "in.csv"))
+    code, out, _ = run(capsys, "add-columns", t, "note:string,ts:int64")
+    assert code == 0 and out.startswith("add-columns ") and "note string" in out
+    assert "has these columns already" in run(capsys, "add-columns", t, "note:string")[1]
+    code, _, err = run(capsys, "add-columns", t, "ts:int32")
+    assert code != 0 and "not a widening" in err and "Nothing was written" in err
+    (files / "more.json").write_text('{"id": 9, "p": "a", "v": "w", "ts": 5, "score": 2.5}\n')
+    code, _, err = run(capsys, "upsert", t, str(files / "more.json"))
+    assert code != 0 and "schema_mode='merge'" in err
+    assert run(capsys, "upsert", t, str(files / "more.json"), "--schema-mode", "merge")[0] == 0
+    code, out, _ = run(capsys, "read", t, "--output", "json", "--limit", "0")
+    rows = {json.loads(line)["id"]: json.loads(line) for line in out.splitlines()}
+    assert rows[9]["score"] == 2.5 and rows[1]["score"] is None and rows[1]["note"] is None

@@ -13,6 +13,7 @@ import pytest
 
 import metatable as mt
 from metatable.errors import SnapshotExpiredError
+from metatable.read import reads
 from metatable.read.key_lookup import get_rows
 from metatable.timeline.instant import Action
 
@@ -120,11 +121,10 @@ def test_a_late_compaction_keeps_the_slices_it_supersedes_for_retain_commits_com
         t.upsert(rows(range(ts, KEYS, 7), f"v{ts}", ts))
     expected = sorted(t.to_arrow().to_pylist(), key=lambda r: r["id"])
     reader = mt.Table.open(t.path)
-    plan = reader.scan_plan()  # a read that began before the compaction completed
+    plan = reads.scan_plan(reader.context)  # a read that began before the compaction completed
     assert t.run_compaction() == [compaction]
     t.clean()
-    from metatable.read.reads import ScanPlan, to_arrow
-    got = to_arrow(reader.context, ScanPlan(plan, [], len(plan)))
+    got = reads.to_arrow(reader.context, plan)
     assert sorted(got.to_pylist(), key=lambda r: r["id"]) == expected
     for ts in range(10, 10 + retain):  # `retain` completions after the compaction: now its old slices may go
         t.upsert(rows([ts], f"v{ts}", ts))
