@@ -94,7 +94,9 @@ def encoded_partition_paths(table: pa.Table, fields: Sequence[str]) -> pa.Dictio
             raise InvalidInputError(f"partition column {name!r} is missing from the data "
                                     f"(columns: {table.column_names})")
         # the text of each distinct value (null is one), not of each row: 0.1 s for 6M rows against 0.7 s
-        encoded = pc.dictionary_encode(table[name], null_encoding="encode").combine_chunks()
+        column = table[name]
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column  # also of no chunks
+        encoded = pc.dictionary_encode(column, null_encoding="encode")
         texts.append(pc.fill_null(_escape(_as_text(encoded.dictionary)), NULL_PARTITION))
         _check_lengths(name, texts[-1])
         values = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)

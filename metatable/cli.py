@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import re
 import sys
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, Sequence
@@ -193,18 +194,44 @@ def read_input(path: str, fmt: str | None = None, schema: pa.Schema | None = Non
         if fmt == "csv":
             types = {f.name: f.type for f in schema} if schema is not None else None
             return pacsv.open_csv(path, convert_options=pacsv.ConvertOptions(column_types=types))
-        return pajson.read_json(path)
+        return as_table_types(pajson.read_json(path), schema)
     except pa.ArrowException as e:
         raise InvalidInputError(f"cannot read {path} as {fmt}: {e}") from None
 
 
+_DECIMAL = re.compile(r"decimal(?:128|256)?\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+_TIMESTAMP = re.compile(r"timestamp\[\s*(s|ms|us|ns)\s*(?:,\s*tz\s*=\s*([^\]]+?)\s*)?\]$")
+
+
+def as_table_types(data: pa.Table, schema: pa.Schema | None) -> pa.Table:
+    """JSON's inferred columns in the table's types where they convert (a date written as "2024-01-31" is
+    inferred a string); the write refuses what does not, naming the column."""
+    for i, name in enumerate(data.column_names):
+        if schema is not None and name in schema.names and data.schema.field(i).type != schema.field(name).type:
+            try:
+                data = data.set_column(i, name, data[name].cast(schema.field(name).type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                pass
+    return data
+
+
 def parse_schema(text: str) -> pa.Schema:
-    """`name:type,...` with types int32, int64, float64, string, bool, date32, timestamp[us]..."""
+    """`name:type,...` with types as pyarrow names them: int32, int64, float64, string, bool, date32,
+    timestamp[us], timestamp[us, tz=UTC], decimal(12,2). Commas inside brackets do not split columns."""
     fields = []
-    for item in text.split(","):
+    for item in re.split(r",(?![^(\[]*[)\]])", text):
         name, _, type_name = item.strip().partition(":")
+        type_name = type_name.strip()
+        decimal, timestamp = _DECIMAL.match(type_name), _TIMESTAMP.match(type_name)
         try:
-            fields.append(pa.field(name, pa.type_for_alias(type_name.strip())))
+            if decimal:
+                precision, scale = int(decimal.group(1)), int(decimal.group(2))
+                type_ = (pa.decimal128 if precision <= 38 else pa.decimal256)(precision, scale)
+            elif timestamp:
+                type_ = pa.timestamp(timestamp.group(1), tz=timestamp.group(2))
+            else:
+                type_ = pa.type_for_alias(type_name)
+            fields.append(pa.field(name.strip(), type_))
         except (ValueError, KeyError):
             raise InvalidInputError(f"unknown type {type_name!r} for column {name!r} in --schema") from None
     return pa.schema(fields)
@@ -295,7 +322,7 @@ def cmd_compact(args: argparse.Namespace) -> None:
 
 
 def cmd_clean(args: argparse.Namespace) -> None:
-    instant = Table.open(args.path).clean()
+    instant = Table.open(args.path, options=parse_options(args.option)).clean()
     print(f"cleaned at {instant}" if instant else "nothing to clean")
 
 
@@ -457,7 +484,14 @@ def key_values(table: Table, texts: Sequence[str]) -> pa.Table:
         for name, value in zip(fields, parts):
             columns[name].append(value.split(":", 1)[1] if value.startswith(name + ":") else value)
     schema = table.config.schema
-    return pa.table({f: pa.array(v).cast(schema.field(f).type) for f, v in columns.items()})
+    out = {}
+    for name, values in columns.items():
+        try:
+            out[name] = pa.array(values).cast(schema.field(name).type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise InvalidInputError(f"a key value for {name!r} does not convert to its type "
+                                    f"{schema.field(name).type}: {e}") from None
+    return pa.table(out)
 
 
 def cmd_get(args: argparse.Namespace) -> None:
@@ -544,6 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
                              ("clean", cmd_clean, "delete file slices no retained commit can read")):
         p = sub.add_parser(name, parents=[verbose], help=text)
         p.add_argument("path", help="the table's directory")
+        if name == "clean":
+            p.add_argument("--option", action="append", help="key=value option for this clean (repeatable), e.g. "
+                                                             "clean.retain_commits=5")
         p.set_defaults(func=func)
     p = sub.add_parser("rollback", parents=[verbose], help="recover from dead processes: roll back their writes and clusterings, reset their other services "
                                                           "(they run again), finish their cleans; or one --instant")

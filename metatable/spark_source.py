@@ -9,7 +9,8 @@
   `.metatable/spill/`, and the driver's commit streams them into one `Table.upsert` (or `insert`, `delete`,
   `bulk_insert`) as one instant; an aborted job's staging is deleted, and a dead one's is swept by clean.
   A missing table is created from the DataFrame's schema and the options `record_key`, `partition_by`,
-  `ordering_field`, `table_type`, `index` (bucket, bloom, record), `num_buckets`.
+  `ordering_field`, `table_type`, `index` (bucket, bloom, record), `num_buckets`. Option
+  `schema_mode` = `merge` adds the DataFrame's new columns to the table in the same commit.
 """
 from __future__ import annotations
 
@@ -143,7 +144,7 @@ class SnapshotReader(DataSourceReader):
         rows = read_slice(table.storage, table.context.paths, table.config, partition.file_slice, self.read_optimized)
         rows = rows.select(self.schema.names).cast(self.schema)
         if self.filters:
-            rows = rows.filter(row_mask(rows, self.filters))
+            rows = rows.filter(row_mask(rows, [self.filters]))  # the pushed conjuncts, ANDed
         yield from rows.to_batches()
 
 

@@ -21,7 +21,6 @@ from metatable.file_group.file_slice import FileSlice
 from metatable.read import reads
 from metatable.read.key_lookup import get_rows, keys_table, locate
 from metatable.read.locator import MetadataIndex
-from metatable.read.scan_filter import Conjunct
 from metatable.services import clean, clustering, compaction, fsck, indexer, maintenance, rebuild
 from metatable.services.fsck import FsckReport
 from metatable.services.rebuild import RebuildReport
@@ -120,14 +119,20 @@ class Table:
         return self._write(data, "bulk_insert", txn, schema_mode)
 
     @writes
-    def delete(self, keys: Any, txn: Txn | None = None) -> WriteResult:
-        """Delete by key: the record key columns (and partition columns, for a partitioned table)."""
-        return self._write(keys, "delete", txn)
+    def delete(self, keys: Any = None, txn: Txn | None = None, where: Any = None) -> WriteResult:
+        """Delete by key: the record key columns (and partition columns, for a partitioned table). Or by
+        condition: `where` a filter as `to_arrow` takes; the rows that match it in the snapshot the delete
+        begins from are deleted by key, in one commit (column stats skip the file slices that cannot match)."""
+        if (keys is None) == (where is None):
+            raise InvalidInputError("delete takes keys or where=..., one of them")
+        return self._write(keys, "delete", txn, where=where)
 
-    def _write(self, data: Any, operation: str, txn: Txn | None, schema_mode: str | None = None) -> WriteResult:
+    def _write(self, data: Any, operation: str, txn: Txn | None, schema_mode: str | None = None,
+               where: Any = None, assignments: Mapping[str, Any] | None = None) -> WriteResult:
         client = WriteClient(self.context, self.metadata_index)
         retries = self.config.options["write.conflict_retries"] if replayable(data) else 0
-        result = self._retried(lambda: client.write(data, operation, txn, schema_mode), operation, retries)
+        result = self._retried(lambda: client.write(data, operation, txn, schema_mode, where, assignments),
+                               operation, retries)
         maintenance.after_commit(self.context, client.action, result.instant)
         return result
 
@@ -143,6 +148,13 @@ class Table:
                          self.path, e)
                 time.sleep(random.uniform(0.01, 0.05) * 2 ** tried)  # writers that collided do not again
         return attempt()
+
+    @writes
+    def update(self, where: Any, set: Mapping[str, Any], txn: Txn | None = None) -> WriteResult:
+        """Set columns to values in the rows that match `where` (a filter as `to_arrow` takes), in one commit:
+        the matching rows of the snapshot the update begins from are upserted with the values set (they keep
+        their ordering value). Key and partition columns cannot be set. Counted as `updated`."""
+        return self._write(None, "upsert", txn, where=where, assignments=set)
 
     @writes
     def add_columns(self, fields: Sequence[pa.Field]) -> str | None:
@@ -194,26 +206,35 @@ class Table:
         return self.context.view(as_of).file_slices
 
     # -- reads --------------------------------------------------------------------------------------
-    def scan_plan(self, as_of: str | None = None, filter: Sequence[Conjunct] | None = None) -> list[FileSlice]:
+    def scan_plan(self, as_of: str | None = None, filter: Any = None) -> list[FileSlice]:
         """The file slices a read needs: all of them, less those whose column stats rule the filter out.
         How many were skipped is logged and kept in `last_scan`."""
-        plan = reads.scan_plan(self.context, as_of, filter)
-        self.last_scan = plan.report
-        return plan.slices
+        return self._plan(as_of, filter).slices
 
-    def to_arrow(self, as_of: str | None = None, read_optimized: bool = False,
-                 filter: Sequence[Conjunct] | None = None) -> pa.Table:
-        """The snapshot as a pyarrow Table, without Spark. `filter`: [(column, op, value), ...], all must hold."""
-        plan = reads.scan_plan(self.context, as_of, filter)
-        self.last_scan = plan.report
-        return reads.to_arrow(self.context, plan, read_optimized)
+    def to_arrow(self, as_of: str | None = None, read_optimized: bool = False, filter: Any = None,
+                 columns: Sequence[str] | None = None) -> pa.Table:
+        """The snapshot as a pyarrow Table, without Spark. `filter`: [(column, op, value), ...], all must hold,
+        or a list of such lists, one of which must (ops ==, !=, <, <=, >, >=, in; values are converted to the
+        column's type, so a date may be "2024-01-31"). `columns`: only these, in this order."""
+        return reads.to_arrow(self.context, self._plan(as_of, filter), read_optimized, columns)
+
+    def to_batches(self, columns: Sequence[str] | None = None, filter: Any = None,
+                   as_of: str | None = None) -> pa.RecordBatchReader:
+        """The snapshot as a stream of record batches, read one file slice at a time as it is consumed (memory
+        holds a slice, not the table). DuckDB scans it lazily (`duckdb.sql("select ... from reader")`); Polars
+        takes it with `pl.from_arrow(reader)`. `columns`, `filter` as for `to_arrow`. The snapshot is fixed
+        when this is called."""
+        return reads.to_batches(self.context, self._plan(as_of, filter), columns)
 
     def read(self, as_of: str | None = None, read_optimized: bool = False, spark: Any = None,
-             filter: Sequence[Conjunct] | None = None) -> Any:
+             filter: Any = None, columns: Sequence[str] | None = None) -> Any:
         """The snapshot as a Spark DataFrame (base files merged with their logs, unless `read_optimized`)."""
+        return reads.to_dataframe(self.context, self._plan(as_of, filter), read_optimized, spark, columns)
+
+    def _plan(self, as_of: str | None, filter: Any) -> reads.ScanPlan:
         plan = reads.scan_plan(self.context, as_of, filter)
         self.last_scan = plan.report
-        return reads.to_dataframe(self.context, plan, read_optimized, spark)
+        return plan
 
     def lookup(self, keys: Any, explain: bool = False, using: str = "index") -> Any:
         """Where each key lives: a pyarrow Table (key, partition, file_id; nulls when absent). `keys` has the

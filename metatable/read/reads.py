@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -12,10 +12,11 @@ from indexes.keys import column_stats_key
 
 from metatable.commit.context import TableContext
 from metatable.commit.timeline_view import TimelineView
+from metatable.errors import InvalidInputError
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import base_metadata, read_slice
 from metatable.formats.data_log import log_row_count
-from metatable.read.scan_filter import Conjunct, may_match, row_mask, spark_condition, validate
+from metatable.read.scan_filter import Filter, may_match_any, parse_filter, row_mask, spark_condition
 from metatable.spark.dataframes import read_dataframe
 from metatable.spark.session import active_session
 from metatable.table_config import TableConfig
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ScanPlan:
     slices: list[FileSlice]
-    filters: list[Conjunct]
+    filters: Filter
     total: int  # file slices in the snapshot
     config: TableConfig  # the snapshot's: its schema is the read's
 
@@ -34,47 +35,82 @@ class ScanPlan:
     def report(self) -> dict[str, int]:
         return {"file_slices": self.total, "skipped": self.total - len(self.slices)}
 
+    def projected(self, columns: Sequence[str] | None) -> tuple[list[str], TableConfig]:
+        """The columns a read returns (all, in table order, by default), and the config to read slices with:
+        those, the filter's columns, and the key, partition and ordering columns (a config needs them, the
+        merge the ordering), so files are read for no other column."""
+        schema = self.config.schema
+        wanted = list(schema.names) if columns is None else list(columns)
+        unknown = [c for c in wanted if c not in schema.names]
+        if unknown or len(set(wanted)) != len(wanted):
+            raise InvalidInputError(f"columns {wanted} must name distinct columns of the table ({schema.names})")
+        config = self.config
+        needed = {*wanted, *(c for conjunction in self.filters for c, _, _ in conjunction), *config.record_key,
+                  *config.partition_by, *([config.ordering_field] if config.ordering_field else [])}
+        return wanted, self.config.with_schema(pa.schema([f for f in schema if f.name in needed]))
 
-def scan_plan(context: TableContext, as_of: str | None = None,
-              filter: Sequence[Conjunct] | None = None) -> ScanPlan:
+
+def scan_plan(context: TableContext, as_of: str | None = None, filter: Any = None) -> ScanPlan:
     """The file slices a read needs: all of them, less those whose column stats rule the filter out."""
-    return context.read_view(lambda view: plan_of(view, validate(filter, view.config.schema)), as_of)
+    return context.read_view(lambda view: plan_of(view, parse_filter(filter, view.config.schema)), as_of)
 
 
-def plan_of(view: TimelineView, filters: list[Conjunct]) -> ScanPlan:
+def plan_of(view: TimelineView, filters: Filter) -> ScanPlan:
     slices = list(view.file_slices.values())
     kept = slices
     if filters and "column_stats" in view.config.metadata_indexes:
+        columns = {c for conjunction in filters for c, _, _ in conjunction}
         wanted = [column_stats_key(c, fs.partition, fs.base.file_name)
-                  for fs in slices if fs.base and not fs.logs for c, _, _ in filters]
+                  for fs in slices if fs.base and not fs.logs for c in columns]
         stats = view.metadata.get_many("column_stats", wanted)
 
         def possible(fs: FileSlice) -> bool:
             if not fs.base or fs.logs:
                 return True
-            for column, op, value in filters:
+
+            def ranges(column: str) -> tuple[Any, Any] | None:
                 s = stats.get(column_stats_key(column, fs.partition, fs.base.file_name))
-                if s is not None and not may_match(op, value, s["min_value"], s["max_value"]):
-                    return False
-            return True
+                return None if s is None else (s["min_value"], s["max_value"])
+            return may_match_any(filters, ranges)
         kept = [fs for fs in slices if possible(fs)]
     if filters:
         log.info("read: %d of %d file slices skipped by column stats", len(slices) - len(kept), len(slices))
     return ScanPlan(kept, filters, len(slices), view.config)
 
 
-def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False) -> pa.Table:
-    schema = plan.config.schema
-    tables = []
+def slice_tables(context: TableContext, plan: ScanPlan, columns: Sequence[str] | None = None,
+                 read_optimized: bool = False) -> Iterator[pa.Table]:
+    """The plan's rows, one file slice at a time: merged, filtered, projected."""
+    wanted, config = plan.projected(columns)
     for fs in plan.slices:
-        rows = read_slice(context.storage, context.paths, plan.config, fs, read_optimized).select(schema.names)
-        tables.append(rows.filter(row_mask(rows, plan.filters)) if plan.filters else rows)
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+        rows = read_slice(context.storage, context.paths, config, fs, read_optimized)
+        yield (rows.filter(row_mask(rows, plan.filters)) if plan.filters else rows).select(wanted)
 
 
-def to_dataframe(context: TableContext, plan: ScanPlan, read_optimized: bool = False, spark: Any = None) -> Any:
+def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False,
+             columns: Sequence[str] | None = None) -> pa.Table:
+    tables = list(slice_tables(context, plan, columns, read_optimized))
+    wanted, _ = plan.projected(columns)
+    return pa.concat_tables(tables) if tables else pa.schema([plan.config.schema.field(c) for c in wanted]).empty_table()
+
+
+def to_batches(context: TableContext, plan: ScanPlan, columns: Sequence[str] | None = None,
+               read_optimized: bool = False) -> pa.RecordBatchReader:
+    """The plan's rows as a stream: one file slice is read when the consumer gets that far, so memory holds one
+    slice, not the table. DuckDB and Polars take it as it is (`__arrow_c_stream__`)."""
+    wanted, _ = plan.projected(columns)
+    schema = pa.schema([plan.config.schema.field(c) for c in wanted])
+    batches = (batch.cast(schema) for table in slice_tables(context, plan, columns, read_optimized)
+               for batch in table.to_batches())
+    return pa.RecordBatchReader.from_batches(schema, batches)
+
+
+def to_dataframe(context: TableContext, plan: ScanPlan, read_optimized: bool = False, spark: Any = None,
+                 columns: Sequence[str] | None = None) -> Any:
+    wanted, _ = plan.projected(columns)
     df = read_dataframe(active_session(spark), context.paths, plan.config, plan.slices, read_optimized)
-    return df.where(spark_condition(plan.filters)) if plan.filters else df
+    df = df.where(spark_condition(plan.filters)) if plan.filters else df
+    return df.select(*wanted) if columns is not None else df
 
 
 def file_group_stats(context: TableContext, as_of: str | None = None) -> list[dict[str, Any]]:

@@ -1,8 +1,11 @@
-"""Read filters: a conjunction of (column, op, value) and the file skipping it allows.
+"""Read filters: (column, op, value) conjuncts, ANDed, or a list of such conjunctions, ORed (pyarrow's
+disjunctive normal form), and the file skipping they allow.
 
-A file slice is skipped when its base file's column_stats range shows that some
-conjunct cannot match any row; slices with log files are never skipped (logs
-carry no stats). Rows of the kept slices are then filtered exactly.
+A file slice is skipped when its base file's column_stats ranges show that every conjunction has a
+conjunct that cannot match any row; slices with log files are never skipped (logs carry no stats). Rows
+of the kept slices are then filtered exactly. Values are coerced to their column's type first, as
+pyarrow casts them (a date given as "1995-03-01", a decimal column compared with an int): a value that
+does not convert is an error naming the column.
 """
 from __future__ import annotations
 
@@ -23,18 +26,60 @@ _COMPARE = {"==": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equa
 OPS = (*_COMPARE, "in")
 
 
-def validate(filters: Sequence[Conjunct] | None, schema: pa.Schema) -> list[Conjunct]:
-    out = []
-    for item in filters or []:
-        if not isinstance(item, (tuple, list)) or len(item) != 3:
-            raise InvalidInputError(f"a filter is a list of (column, op, value) triples, got {item!r}")
-        column, op, value = item
-        if column not in schema.names:
-            raise InvalidInputError(f"filter column {column!r} is not in the table ({schema.names})")
-        if op not in OPS:
-            raise InvalidInputError(f"filter op {op!r} is not one of {list(OPS)}")
-        out.append((column, op, value))
-    return out
+Filter = list[list[Conjunct]]  # ORed conjunctions of ANDed conjuncts
+
+
+def parse_filter(filters: Sequence[Conjunct] | Sequence[Sequence[Conjunct]] | None, schema: pa.Schema) -> Filter:
+    """The filter as ORed conjunctions, each value of its column's type; [] for none."""
+    if not filters:
+        return []
+    if not isinstance(filters, (list, tuple)):
+        raise InvalidInputError(f"a filter is a list of (column, op, value) triples, or a list of such lists (ORed); "
+                                f"got {filters!r}")
+    nested = all(isinstance(item, (list, tuple)) and item and all(isinstance(c, (list, tuple)) for c in item)
+                 for item in filters)
+    return [[_conjunct(c, schema) for c in conjunction] for conjunction in (filters if nested else [filters])]
+
+
+def _conjunct(item: Any, schema: pa.Schema) -> Conjunct:
+    if not isinstance(item, (tuple, list)) or len(item) != 3:
+        raise InvalidInputError(f"a filter is a list of (column, op, value) triples, got {item!r}")
+    column, op, value = item
+    if column not in schema.names:
+        raise InvalidInputError(f"filter column {column!r} is not in the table ({schema.names})")
+    if op not in OPS:
+        raise InvalidInputError(f"filter op {op!r} is not one of {list(OPS)}")
+    type_ = schema.field(column).type
+    if op == "in":
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise InvalidInputError(f"filter ({column!r}, 'in', ...) takes a list of values, got {value!r}")
+        return column, op, [coerced(column, type_, v) for v in value]
+    return column, op, coerced(column, type_, value)
+
+
+def coerced(column: str, type_: pa.DataType, value: Any) -> Any:
+    """`value` as a Python value of the column's type (as pyarrow converts it), or an error naming the column."""
+    if value is None:
+        raise InvalidInputError(f"{column!r} is compared with or set to None here; a filter never matches null, "
+                                "and an update sets values")
+    try:
+        return pa.scalar(value, type_).as_py()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError):
+        pass
+    try:
+        return pc.cast(pa.scalar(value), type_, safe=True).as_py()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as e:
+        raise InvalidInputError(f"value {value!r} for column {column!r} does not convert to its type "
+                                f"{type_}: {e}") from None
+
+
+def may_match_any(filters: Filter, stats: Any) -> bool:
+    """Could some row match: does some conjunction have every conjunct possible in the ranges `stats(column)`
+    gives ((min, max), or None when unknown)?"""
+    for conjunction in filters:
+        if all((r := stats(column)) is None or may_match(op, value, *r) for column, op, value in conjunction):
+            return True
+    return not filters
 
 
 def _comparable(v: Any) -> Any:
@@ -57,22 +102,30 @@ def may_match(op: str, value: Any, lo: Any, hi: Any) -> bool:
         return True
 
 
-def row_mask(table: pa.Table, filters: Sequence[Conjunct]) -> pa.ChunkedArray | None:
+def row_mask(table: pa.Table, filters: Filter) -> pa.ChunkedArray | None:
+    """Which rows match: some conjunction all of whose conjuncts hold (a null compares false)."""
     mask = None
-    for column, op, value in filters:
-        this = pc.is_in(table[column], value_set=pa.array(list(value), table.schema.field(column).type)) \
-            if op == "in" else _COMPARE[op](table[column], pa.scalar(value, table.schema.field(column).type))
-        mask = this if mask is None else pc.and_kleene(mask, this)
-    return mask
+    for conjunction in filters:
+        this = None
+        for column, op, value in conjunction:
+            type_ = table.schema.field(column).type
+            one = pc.is_in(table[column], value_set=pa.array(list(value), type_)) if op == "in" \
+                else _COMPARE[op](table[column], pa.scalar(value, type_))
+            this = one if this is None else pc.and_kleene(this, one)
+        mask = this if mask is None else pc.or_kleene(mask, this)
+    return pc.fill_null(mask, False) if mask is not None else None
 
 
-def spark_condition(filters: Sequence[Conjunct]):
+def spark_condition(filters: Filter):
     from pyspark.sql import functions as F
 
     compare = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
                ">=": operator.ge}
     condition = None
-    for column, op, value in filters:
-        this = F.col(column).isin(list(value)) if op == "in" else compare[op](F.col(column), F.lit(value))
-        condition = this if condition is None else condition & this
+    for conjunction in filters:
+        this = None
+        for column, op, value in conjunction:
+            one = F.col(column).isin(list(value)) if op == "in" else compare[op](F.col(column), F.lit(value))
+            this = one if this is None else this & one
+        condition = this if condition is None else condition | this
     return condition

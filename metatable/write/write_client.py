@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -31,6 +31,8 @@ from metatable.errors import InvalidInputError
 from metatable.faults import crash_point
 from metatable.file_group.written import counts, written_files
 from metatable.read.locator import MetadataIndex
+from metatable.read.reads import plan_of, slice_tables
+from metatable.read.scan_filter import coerced, parse_filter
 from metatable.schema_evolution import check_changes, merged_write_schema
 from metatable.spark.session import arrow_schema_of, is_dataframe
 from metatable.table_config import KEY_COLUMN, TableConfig
@@ -78,6 +80,36 @@ class WriteResult:
     seconds: float = 0.0
 
 
+def matching_rows(context: TableContext, view: TimelineView, where: Any, columns: list[str] | None) -> pa.Table:
+    """The rows (`columns` of them) of the view's snapshot that match the filter."""
+    schema = view.config.schema
+    tables = list(slice_tables(context, plan_of(view, parse_filter(where, schema)), columns))
+    return pa.concat_tables(tables) if tables else \
+        pa.schema([schema.field(c) for c in columns or schema.names]).empty_table()
+
+
+def assigned(rows: pa.Table, assignments: Mapping[str, Any]) -> pa.Table:
+    """The rows with the columns of `assignments` set to its values (already of the columns' types)."""
+    for name, value in assignments.items():
+        i = rows.schema.get_field_index(name)
+        rows = rows.set_column(i, name, pa.repeat(pa.scalar(value, rows.schema.field(i).type), rows.num_rows))
+    return rows
+
+
+def checked_assignments(config: TableConfig, assignments: Mapping[str, Any]) -> dict[str, Any]:
+    """An update's `set`, each value converted to its column's type; the key and partition columns are
+    refused (a row changes key or partition by a delete and an upsert)."""
+    if not isinstance(assignments, Mapping) or not assignments:
+        raise InvalidInputError(f"update takes set={{column: value, ...}}, got {assignments!r}")
+    fixed = [c for c in assignments if c in (*config.record_key, *config.partition_by)]
+    unknown = [c for c in assignments if c not in config.schema.names]
+    if fixed or unknown:
+        raise InvalidInputError(f"update cannot set {fixed + unknown}: " + (
+            f"{fixed} are record key or partition columns; " if fixed else "") + (
+            f"{unknown} are not columns of the table ({config.schema.names})" if unknown else ""))
+    return {c: coerced(c, config.schema.field(c).type, v) for c, v in assignments.items()}
+
+
 class WriteClient:
     def __init__(self, context: TableContext, index: MetadataIndex) -> None:
         self.context = context
@@ -87,16 +119,24 @@ class WriteClient:
     def action(self) -> Action:
         return Action.DELTACOMMIT if self.context.config.merge_on_read else Action.COMMIT
 
-    def write(self, data: Any, operation: str, txn: Txn | None = None, schema_mode: str | None = None) -> WriteResult:
+    def write(self, data: Any, operation: str, txn: Txn | None = None, schema_mode: str | None = None,
+              where: Any = None, assignments: Mapping[str, Any] | None = None) -> WriteResult:
+        """`where`, without `data`: the rows that match this filter in the write's own snapshot are the input:
+        a delete deletes them, an upsert writes them with `assignments` (column -> value) set."""
         started = time.monotonic()
         if schema_mode not in SCHEMA_MODES:
             raise InvalidInputError(f"schema_mode must be one of {list(SCHEMA_MODES)}, got {schema_mode!r}")
         context = self.context
         on_spark = is_dataframe(data)
-        data = data if on_spark else as_input(data)
         merging = schema_mode == "merge" and operation != "delete"
-        config = self.with_data_columns(context.current_config(), data) if merging else context.current_config()
-        data = self.conformed(data, config, operation)
+        config = context.current_config()
+        if where is not None:  # a bad filter or assignment is refused before anything is written
+            parse_filter(where, config.schema)
+            assignments = checked_assignments(config, assignments) if operation != "delete" else None
+        else:
+            data = data if on_spark else as_input(data)
+            config = self.with_data_columns(config, data) if merging else config
+            data = self.conformed(data, config, operation)
         transactions = context.transactions
         with transactions.lock.held():
             done = txn.applied_by(context) if txn else None
@@ -108,7 +148,11 @@ class WriteClient:
             # the schema written: the snapshot's (a column may have been added since the data was conformed),
             # with what this write adds to it
             written = self.with_data_columns(view.config, config.schema) if merging else view.config
-            if not written.schema.equals(config.schema):
+            if where is not None:
+                keys = list(dict.fromkeys([*written.record_key, *written.partition_by]))
+                rows = matching_rows(context, view, where, keys if operation == "delete" else None)
+                data = self.conformed(assigned(rows, assignments or {}), written, operation)
+            elif not written.schema.equals(config.schema):
                 data = self.conformed(data, written, operation)
             plan = view.index_plan(written.index) if written.index.type == "bucket" \
                 else self.bloom_plan(view, data, operation, instant.time)

@@ -2,14 +2,15 @@
 
 usage: python -m tests.metatable.indexer_child ROOT ACTION OPTIONS_JSON [ARG...]
 ACTION: "schedule", "run", "schedule_run" or "drop" (ARGs: partitions); "write" (ARGs: SEED DEADLINE): upsert
-random batches into partition p<SEED>, deleting some keys every third step, until the wall-clock DEADLINE (once
-at least);
+random batches into partition p<SEED>, deleting some keys every third step, until the wall-clock DEADLINE, or
+until a file exists when DEADLINE is its path (once at least);
 any failure ends it with a traceback (exit 1). Prints the result as JSON; exit 4 on IndexingAborted (prints
 the message). METATABLE_CRASH_AT / METATABLE_PAUSE_AT hold or kill it at a named point.
 """
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -24,10 +25,12 @@ from .table_model import SCHEMA
 KEYS = 400
 
 
-def write(table: mt.Table, seed: int, deadline: float) -> int:
+def write(table: mt.Table, seed: int, deadline: str) -> int:
     rng = random.Random(seed)
     commits = 0
-    while commits == 0 or time.time() < deadline:  # one write at least, however slow the start
+    until = (lambda: not os.path.exists(deadline)) if os.sep in deadline else \
+        (lambda: time.time() < float(deadline))
+    while commits == 0 or until():  # one write at least, however slow the start
         ids = rng.sample(range(KEYS), 40)
         if commits % 3 == 2:
             table.delete(pa.table({"id": pa.array(ids[:8], pa.int64()), "p": [f"p{seed}"] * 8}))
@@ -43,7 +46,7 @@ def main() -> None:
     root, action, options, partitions = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4:]
     table = mt.Table.open(root, options=options)
     if action == "write":
-        print(json.dumps(write(table, int(partitions[0]), float(partitions[1]))))
+        print(json.dumps(write(table, int(partitions[0]), partitions[1])))
         return
     try:
         if action == "drop":

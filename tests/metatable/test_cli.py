@@ -215,3 +215,26 @@ def test_schema_evolution_commands(capsys, files):
     code, out, _ = run(capsys, "read", t, "--output", "json", "--limit", "0")
     rows = {json.loads(line)["id"]: json.loads(line) for line in out.splitlines()}
     assert rows[9]["score"] == 2.5 and rows[1]["score"] is None and rows[1]["note"] is None
+
+
+def test_first_day_cli_types_keys_and_options(capsys, files):
+    t = str(files / "o")
+    code, out, _ = run(capsys, "create", t, "--schema",
+                       "id:int64,day:date32,amt:decimal(12,2),at:timestamp[us, tz=UTC],note:string",
+                       "--key", "id", "--partition-by", "day")
+    assert code == 0
+    from metatable import Table
+    import pyarrow as pa
+    schema = Table.open(t).schema
+    assert schema.field("amt").type == pa.decimal128(12, 2) and schema.field("at").type == pa.timestamp("us", "UTC")
+    (files / "o.json").write_text('{"id": 1, "day": "2024-01-31", "amt": 2.5, "at": "2024-01-31T10:00:00", '
+                                  '"note": "x"}\n{"id": 2, "day": "2024-02-01", "amt": 1, "at": null, "note": null}\n')
+    assert run(capsys, "upsert", t, str(files / "o.json"))[0] == 0
+    (files / "odel.json").write_text('{"id": 1, "day": "2024-01-31"}\n')  # a date partition, as JSON has it
+    assert "1 deleted" in run(capsys, "delete", t, str(files / "odel.json"))[1]
+    code, _, err = run(capsys, "get", t, "not-a-number")
+    assert code != 0 and "does not convert" in err and "Traceback" not in err
+    code, out, _ = run(capsys, "clean", t, "--option", "clean.retain_commits=1")
+    assert code == 0 and "clean" in out
+    code, _, err = run(capsys, "clean", t, "--option", "clean.nope=1")
+    assert code != 0 and "clean.nope" in err

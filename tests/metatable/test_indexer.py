@@ -220,12 +220,14 @@ def test_record_index_type_tags_through_the_record_index(tmp_path):
 def test_a_writers_upsert_for_the_whole_indexing(tmp_path, monkeypatch):
     root = str(tmp_path / "t")
     make(root)
-    writers = [writer(root, seed, 8) for seed in (0, 1)]
+    stop = str(tmp_path / "stop")  # the writers write until the indexing is done, however slow the machine
+    writers = [indexer(root, "write", str(seed), stop) for seed in (0, 1)]
     time.sleep(1.5)
     monkeypatch.setenv("METATABLE_PAUSE_AT", "indexer.built:1")  # this process's indexer: writers commit meanwhile
     table = mt.Table.open(root, options=OPTIONS)
     indexing = table.schedule_indexing(ALL)
     table.run_indexing()
+    open(stop, "w").close()
     assert all(json.loads(succeeded(w)) > 3 for w in writers)
     timeline = table.context.timeline
     caught_up = last_indexing(table)["caught_up_to"]
