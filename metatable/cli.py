@@ -316,6 +316,20 @@ def cmd_read(args: argparse.Namespace) -> None:
     print(f"({result.num_rows} rows)", file=sys.stderr)
 
 
+def cmd_config_set(args: argparse.Namespace) -> None:
+    stored = Table.open(args.path).set_options(parse_options(args.options))
+    print("stored options: " + (", ".join(f"{k}={v}" for k, v in sorted(stored.items())) or "none (all defaults)"))
+
+
+def cmd_config_show(args: argparse.Namespace) -> None:
+    from metatable.config import OPTIONS
+
+    options = Table.open(args.path).config.options
+    for name, value in sorted(options.items()):
+        if args.all or value != OPTIONS[name].default:
+            print(f"{name} = {value!r}" + ("" if value != OPTIONS[name].default else "  (default)"))
+
+
 def cmd_compact(args: argparse.Namespace) -> None:
     instant = Table.open(args.path).compact()
     print(f"compacted at {instant}" if instant else "nothing to compact")
@@ -335,20 +349,32 @@ def cmd_rollback(args: argparse.Namespace) -> None:
 
 
 def cmd_stats(args: argparse.Namespace) -> None:
+    """A summary: totals, the size distribution of the largest partitions, the rings in brief. `--detail`: every
+    file group, every partition, every ring."""
     table = Table.open(args.path)
     rows = table.stats()
-    print_rows(pa.Table.from_pylist(rows) if rows else pa.table({"partition": pa.array([], pa.string())}), "table")
-    print(f"{len(rows)} file groups, {sum(r['base_rows'] for r in rows)} base rows, "
+    empty = pa.table({"partition": pa.array([], pa.string())})
+    if args.detail:
+        print_rows(pa.Table.from_pylist(rows) if rows else empty, "table")
+    partitions = size_distribution(rows, table.config.options["clustering.small_file_limit"])
+    print(f"{len(rows)} file groups in {len(partitions)} partitions, {sum(r['base_rows'] for r in rows)} base rows, "
           f"{sum(r['logs'] for r in rows)} pending logs ({sum(r['log_rows'] for r in rows)} rows), "
-          f"{sum(r['base_bytes'] + r['log_bytes'] for r in rows) / 2**20:.1f} MiB")
-    print("\nfile sizes per partition (base + logs of each file group's latest slice):")
-    print_rows(pa.Table.from_pylist(size_distribution(rows, table.config.options["clustering.small_file_limit"]))
-               if rows else pa.table({"partition": pa.array([], pa.string())}), "table")
+          f"{sum(r['base_bytes'] + r['log_bytes'] for r in rows) / 2**20:.1f} MiB, "
+          f"{sum(p['small'] for p in partitions)} file groups under clustering.small_file_limit")
+    shown = partitions if args.detail else sorted(partitions, key=lambda p: -p["max_bytes"])[:SUMMARY_PARTITIONS]
+    print("\nfile sizes per partition (base + logs of each file group's latest slice)"
+          + ("" if args.detail or len(partitions) <= SUMMARY_PARTITIONS else
+             f", the {SUMMARY_PARTITIONS} with the largest file groups of {len(partitions)} (--detail: all)") + ":")
+    print_rows(pa.Table.from_pylist(shown) if shown else empty, "table")
     if table.config.index.consistent_hashing:
         rings = table.rings()
-        print("\nconsistent-hashing rings (hash ranges are (low, high]):")
-        print_rows(pa.Table.from_pylist(rings) if rings else pa.table({"partition": pa.array([], pa.string())}),
-                   "table")
+        if args.detail:
+            print("\nconsistent-hashing rings (hash ranges are (low, high]):")
+            print_rows(pa.Table.from_pylist(rings) if rings else empty, "table")
+        elif rings:
+            counts = sorted(r["buckets"] for r in rings)
+            print(f"\nconsistent-hashing rings: {len(rings)} partitions, buckets per partition min {counts[0]}, "
+                  f"median {counts[len(counts) // 2]}, max {counts[-1]} (--detail: each ring)")
     if args.plot:
         plot_sizes(table, rows, args.plot)
 
@@ -461,6 +487,9 @@ def cmd_cluster_show(args: argparse.Namespace) -> None:
                 print(f"    split {old} -> {len(children)}: {', '.join(children)}")
             for child, olds in resize.get("merges", {}).items():
                 print(f"    merge {', '.join(olds)} -> {child}")
+
+
+SUMMARY_PARTITIONS = 10  # partitions `stats` shows without --detail
 
 
 def split_list(text: str | None) -> list[str] | None:
@@ -646,11 +675,22 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "spilled input, files of instants that are gone")
     p.set_defaults(func=cmd_fsck)
 
+    config = sub.add_parser("config", help="a table's stored options").add_subparsers(dest="config_command",
+                                                                                      required=True)
+    p = config.add_parser("set", parents=[verbose], help="store options for every later open of the table")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("options", nargs="+", help="key=value (e.g. clean.retain_commits=20)")
+    p.set_defaults(func=cmd_config_set)
+    p = config.add_parser("show", parents=[verbose], help="the options that differ from their defaults")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("--all", action="store_true", help="every option, defaults too")
+    p.set_defaults(func=cmd_config_show)
     p = sub.add_parser("stats", parents=[verbose], help="per partition and bucket: file groups, rows, bytes, pending logs; file sizes; "
                                      "consistent hashing: the rings")
     p.add_argument("path", help="the table's directory")
     p.add_argument("--plot", metavar="PNG", help="draw file group sizes now and before the latest clustering "
                                                  "(needs the 'plot' extra: matplotlib)")
+    p.add_argument("--detail", action="store_true", help="every file group, partition and ring, not a summary")
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("lookup", parents=[verbose], help="where keys live (record key values; several fields: v1,v2 in key order)")

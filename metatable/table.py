@@ -166,6 +166,16 @@ class Table:
         return self._retried(lambda: client.add_columns(fields), "add_columns",
                              self.config.options["write.conflict_retries"])
 
+    @writes
+    def set_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Store table options (as `Table.create` takes them) for every later `Table.open`, this object
+        included; a process that has the table open keeps its own until it opens it again. Unknown options
+        and bad values are refused, as are the metadata partitions' file-group counts. Returns the options the
+        table now stores (those that differ from their defaults)."""
+        stored = self.context.save_options(options)
+        self._reopen()
+        return stored
+
     @property
     def schema(self) -> pa.Schema:
         """The table's columns now (with every schema change that has completed)."""
@@ -363,7 +373,8 @@ class Table:
         return fsck.check(self.context, repair)
 
     def _reopen(self) -> None:
-        """See the index states of now (this object reads, looks up and tags with the ready ones)."""
+        """See the index states and stored options of now (this object reads, looks up and tags with the ready
+        indexes)."""
         self._open(self.path, self.storage)
 
     def stats(self, as_of: str | None = None) -> list[dict[str, Any]]:

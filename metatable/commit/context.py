@@ -5,6 +5,7 @@ timeline. Actions and services take a context, never a `Table`, so they depend o
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -14,8 +15,9 @@ from typing import Any, Callable, Mapping, TypeVar
 from metatable.commit.data_undo import DataUndo
 from metatable.commit.index_states import read_states
 from metatable.commit.timeline_view import TimelineView
+from metatable import config as config_options
 from metatable.config import METADATA_PREFIXES
-from metatable.errors import CorruptFileError, MetatableError, TableExistsError, TableNotFoundError
+from metatable.errors import ConfigError, CorruptFileError, MetatableError, TableExistsError, TableNotFoundError
 from metatable.formats.clustering_plan import RESIZE
 from metatable.metadata.table import MetadataTable, finish_swap
 from metatable.storage.base import Storage, read_json
@@ -96,6 +98,22 @@ class TableContext:
             return config
         completed = {i.time for i in self.timeline.completed()}
         return config.as_seen(completed.__contains__)
+
+    def save_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Store options in table.json for every later open (validated; a default value is stored as none).
+        The metadata partitions' file-group counts are fixed when a partition is made, and refused here.
+        Returns the table's stored options after the change."""
+        fixed = sorted(name for name in options if name.startswith("metadata.") and name.endswith(".file_groups"))
+        if fixed:
+            raise ConfigError(f"options {fixed} are fixed when their metadata partition is made; to change one, "
+                              "drop the index and schedule it again with the option (or rebuild the metadata)")
+        with self.timeline.lock.held():
+            stored = read_json(self.storage, self.paths.table_config)
+            resolved = config_options.resolve({**stored["options"], **options})
+            stored["options"] = {k: v for k, v in resolved.items() if v != config_options.OPTIONS[k].default}
+            self.storage.write_atomic(self.paths.table_config, json.dumps(stored, indent=2, sort_keys=True).encode())
+        log.info("options of %s stored: %s", self.root, dict(options))
+        return stored["options"]
 
     @classmethod
     def open(cls, path: str, storage: Storage | None = None, options: Mapping[str, Any] | None = None,

@@ -92,6 +92,8 @@ def test_resize_commands(capsys, files):
         "--ordering", "ts", "--engine", "consistent_hashing", "--buckets", "2")
     run(capsys, "upsert", t, str(files / "many.csv"))
     code, out, _ = run(capsys, "stats", t)
+    assert "consistent-hashing rings: 1 partitions, buckets per partition min 2" in out
+    code, out, _ = run(capsys, "stats", t, "--detail")
     assert "consistent-hashing rings" in out and "largest_range" in out
     options = ["--option", "write.target_file_size=1024", "--option", "bucket.split_threshold=1.5"]
     code, out, _ = run(capsys, "cluster", "schedule", t, *options)
@@ -238,3 +240,28 @@ def test_first_day_cli_types_keys_and_options(capsys, files):
     assert code == 0 and "clean" in out
     code, _, err = run(capsys, "clean", t, "--option", "clean.nope=1")
     assert code != 0 and "clean.nope" in err
+
+
+def test_config_set_persists_options_and_stats_summarizes(capsys, files):
+    t = str(files / "t")
+    run(capsys, "create", t, "--schema-from", str(files / "in.csv"), "--key", "id", "--partition-by", "p",
+        "--buckets", "1")
+    rows = "".join(f"{i},p{i % 14},v,1\n" for i in range(140))
+    (files / "wide.csv").write_text("id,p,v,ts\n" + rows)
+    run(capsys, "upsert", t, str(files / "wide.csv"))
+    code, out, _ = run(capsys, "config", "set", t, "clean.retain_commits=3", "write.conflict_retries=2")
+    assert code == 0 and "clean.retain_commits=3" in out and "write.conflict_retries=2" in out
+    from metatable import Table
+    assert Table.open(t).config.options["clean.retain_commits"] == 3
+    assert run(capsys, "config", "set", t, "clean.retain_commits=10")[0] == 0  # back to the default: not stored
+    assert "clean.retain_commits" not in run(capsys, "config", "show", t)[1]
+    assert "write.conflict_retries = 2" in run(capsys, "config", "show", t)[1]
+    for bad, words in [("clean.nope=1", "unknown option"), ("clean.retain_commits=-1", ">="),
+                       ("metadata.files.file_groups=4", "fixed when")]:
+        code, _, err = run(capsys, "config", "set", t, bad)
+        assert code != 0 and words in err
+    code, out, _ = run(capsys, "stats", t)
+    assert "14 file groups in 14 partitions" in out and "the 10 with the largest file groups of 14" in out
+    assert len(out.splitlines()) < 20
+    code, out, _ = run(capsys, "stats", t, "--detail")
+    assert all(f"p=p{i}" in out for i in range(14)) and len(out.splitlines()) > 28
