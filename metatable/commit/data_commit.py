@@ -69,8 +69,8 @@ def commit(context: TableContext, c: Commit) -> Instant:
 
 
 def publish(context: TableContext, c: Commit) -> Content:
-    """Under the lock: check, roll back clusterings this write wins over, re-home, write the metadata
-    deltacommit; returns the commit metadata."""
+    """Under the lock: check, record a schema change, roll back clusterings this write wins over, re-home,
+    write the metadata deltacommit; returns the commit metadata."""
     time_ = c.instant.time
     duals = [f for f in c.files if f.kind == DUAL]
     files = [f for f in c.files if f.kind != DUAL]
@@ -79,6 +79,9 @@ def publish(context: TableContext, c: Commit) -> Content:
     concurrent = concurrent_with(context.timeline, c.instant, c.seen, marked)
     probe = partial(shared_keys, context, files) if context.config.index.type != "bucket" else None
     resolution = check(c.committer, c.instant, touched, concurrent, probe)
+    if c.schema is not None:  # before anything below reads or rewrites files under the widest schema (`config_now`)
+        record_schema(context.storage, context.paths, context.config, context.timeline, c.instant, c.schema)
+        crash_point("table.commit.schema")
     for clustering in resolution.abort:
         log.warning("write %s wins over pending clustering %s (clustering.updates = abort_clustering): rolling "
                     "it back", time_, clustering.time)
@@ -89,9 +92,6 @@ def publish(context: TableContext, c: Commit) -> Content:
     files = rehome_files(context, time_, files, resolution.rehome) if resolution.rehome else files
     if c.catch_up is not None:
         files = c.catch_up(files)
-    if c.schema is not None:
-        record_schema(context.storage, context.paths, context.config, context.timeline, c.instant, c.schema)
-        crash_point("table.commit.schema")
     metadata = context.metadata
     metadata.reload_partitions()
     now = context.config_now()  # the index states and columns of now, whatever this writer opened with

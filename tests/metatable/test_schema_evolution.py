@@ -211,6 +211,36 @@ def test_a_schema_change_killed_before_it_completes_is_not_seen_and_is_undone(tm
     assert mt.Table.open(t.path).to_arrow(filter=[("x", "==", "again")])["id"].to_pylist() == [1]
 
 
+MERGE_WRITER = """
+import sys, pyarrow as pa, metatable as mt
+from tests.metatable.table_model import SCHEMA
+root = sys.argv[1]
+t = mt.Table.open(root, options={"heartbeat.interval_s": 0.1, "heartbeat.tolerable_misses": 3})
+data = pa.Table.from_pylist([{"id": i, "p": "a", "v": "late", "ts": 9} for i in range(0, 300, 3)], schema=SCHEMA)
+t.upsert(data.append_column("tag", pa.array(["new"] * data.num_rows)), schema_mode="merge")
+"""
+
+
+@pytest.mark.slow
+def test_a_merge_write_moved_into_a_clustering_that_completed_meanwhile_keeps_its_new_column(tmp_path):
+    """The write's logs are re-homed into the clustering's file groups under the commit lock: they are
+    read and rewritten there, and must be read with the schema the write adds."""
+    from .test_clustering import loaded, reopened
+
+    table, _ = loaded(str(tmp_path / "t"))
+    writer = subprocess.Popen([sys.executable, "-c", MERGE_WRITER, table.path], cwd=ROOT_DIR, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": ROOT_DIR, "METATABLE_PAUSE_AT": "table.write.files:4"})
+    import time
+    time.sleep(2.5)  # the writer has tagged and written its logs
+    assert reopened(table).cluster() is not None
+    out, err = writer.communicate(timeout=120)
+    assert writer.returncode == 0, err
+    got = {r["id"]: r for r in mt.Table.open(table.path).to_arrow(filter=[("p", "==", "a")]).to_pylist()}
+    assert all(got[i]["tag"] == "new" and got[i]["v"] == "late" for i in range(0, 300, 3))
+    assert all(got[i]["tag"] is None for i in got if i % 3)
+
+
 # -- the model: random writes, schema changes and services, every snapshot checked ---------------------------
 NEW_COLUMNS = {"c1": pa.string(), "c2": pa.int16(), "c3": pa.float64()}
 WIDER = {"v": pa.int64(), "f": pa.float64(), "d": pa.decimal128(12, 2)}
