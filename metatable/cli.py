@@ -18,7 +18,6 @@ import pyarrow.json as pajson
 
 from metatable import config
 from metatable.errors import CorruptFileError, InvalidInputError, MetatableError, TableNotFoundError
-from metatable.file_group.slice_reader import read_slice
 from metatable.metadata.table import MetadataTable
 from metatable.services.rebuild import restore_properties
 from metatable.storage.local import LocalStorage
@@ -299,17 +298,14 @@ def cmd_add_columns(args: argparse.Namespace) -> None:
 
 
 def cmd_read(args: argparse.Namespace) -> None:
-    table = Table.open(args.path)
-    view = table.context.view(args.as_of)  # the snapshot, with its own schema
-    config, parts, count = view.config, [], 0
-    for fs in view.file_slices.values():
-        part = read_slice(table.storage, table.context.paths, config, fs, args.read_optimized) \
-            .select(config.schema.names)
-        parts.append(part)
-        count += part.num_rows
+    reader = Table.open(args.path).to_batches(as_of=args.as_of, read_optimized=args.read_optimized)
+    batches, count = [], 0
+    for batch in reader:  # file slices are read as they are reached: a limit stops the reading
+        batches.append(batch)
+        count += batch.num_rows
         if args.limit and count >= args.limit:
             break
-    result = pa.concat_tables(parts) if parts else config.schema.empty_table()
+    result = pa.Table.from_batches(batches, reader.schema)
     if args.limit:
         result = result.slice(0, args.limit)
     print_rows(result, args.output)
@@ -322,12 +318,11 @@ def cmd_config_set(args: argparse.Namespace) -> None:
 
 
 def cmd_config_show(args: argparse.Namespace) -> None:
-    from metatable.config import OPTIONS
-
     options = Table.open(args.path).config.options
     for name, value in sorted(options.items()):
-        if args.all or value != OPTIONS[name].default:
-            print(f"{name} = {value!r}" + ("" if value != OPTIONS[name].default else "  (default)"))
+        default = config.OPTIONS[name].default
+        if args.all or value != default:
+            print(f"{name} = {value!r}" + ("" if value != default else "  (default)"))
 
 
 def cmd_compact(args: argparse.Namespace) -> None:

@@ -41,9 +41,10 @@ def widens(source: pa.DataType, target: pa.DataType) -> bool:
 def evolve(current: pa.Schema, wanted: Sequence[pa.Field] | pa.Schema, fixed: Sequence[str], *,
            what: str) -> pa.Schema:
     """`current` with the columns of `wanted` it lacks appended (nullable) and those `wanted` widens widened;
-    columns `wanted` does not name stay as they are. A type change that is not a widening is refused, as is
-    any type change of a `fixed` column (the record key and partition columns: the key strings and
-    partition paths of the rows already written depend on their types). `what` names the change in errors.
+    columns `wanted` does not name stay as they are, and so does a column whose type in `wanted` is not a
+    widening of its own (`check_changes` refuses that first; a write casts to the table's type). Widening a
+    `fixed` column is refused (the record key and partition columns: the key strings and partition paths
+    of the rows already written depend on their types). `what` names the change in errors.
     """
     wanted = normalize_schema(pa.schema(list(wanted)))
     fields = {f.name: f for f in current}

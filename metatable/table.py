@@ -228,13 +228,13 @@ class Table:
         column's type, so a date may be "2024-01-31"). `columns`: only these, in this order."""
         return reads.to_arrow(self.context, self._plan(as_of, filter), read_optimized, columns)
 
-    def to_batches(self, columns: Sequence[str] | None = None, filter: Any = None,
-                   as_of: str | None = None) -> pa.RecordBatchReader:
+    def to_batches(self, columns: Sequence[str] | None = None, filter: Any = None, as_of: str | None = None,
+                   read_optimized: bool = False) -> pa.RecordBatchReader:
         """The snapshot as a stream of record batches, read one file slice at a time as it is consumed (memory
         holds a slice, not the table). DuckDB scans it lazily (`duckdb.sql("select ... from reader")`); Polars
         takes it with `pl.from_arrow(reader)`. `columns`, `filter` as for `to_arrow`. The snapshot is fixed
         when this is called."""
-        return reads.to_batches(self.context, self._plan(as_of, filter), columns)
+        return reads.to_batches(self.context, self._plan(as_of, filter), columns, read_optimized)
 
     def read(self, as_of: str | None = None, read_optimized: bool = False, spark: Any = None,
              filter: Any = None, columns: Sequence[str] | None = None) -> Any:

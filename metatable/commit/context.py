@@ -5,22 +5,21 @@ timeline. Actions and services take a context, never a `Table`, so they depend o
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping, TypeVar
 
+from metatable import config as config_options
 from metatable.commit.data_undo import DataUndo
 from metatable.commit.index_states import read_states
 from metatable.commit.timeline_view import TimelineView
-from metatable import config as config_options
 from metatable.config import METADATA_PREFIXES
 from metatable.errors import ConfigError, CorruptFileError, MetatableError, TableExistsError, TableNotFoundError
 from metatable.formats.clustering_plan import RESIZE
 from metatable.metadata.table import MetadataTable, finish_swap
-from metatable.storage.base import Storage, read_json
+from metatable.storage.base import Storage, read_json, write_json
 from metatable.storage.local import LocalStorage
 from metatable.storage.paths import TablePaths
 from metatable.table_config import READY, TableConfig
@@ -111,7 +110,7 @@ class TableContext:
             stored = read_json(self.storage, self.paths.table_config)
             resolved = config_options.resolve({**stored["options"], **options})
             stored["options"] = {k: v for k, v in resolved.items() if v != config_options.OPTIONS[k].default}
-            self.storage.write_atomic(self.paths.table_config, json.dumps(stored, indent=2, sort_keys=True).encode())
+            write_json(self.storage, self.paths.table_config, stored)
         log.info("options of %s stored: %s", self.root, dict(options))
         return stored["options"]
 

@@ -12,7 +12,6 @@ out) also removes the partitions, which a retry schedules afresh.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Mapping
@@ -21,7 +20,7 @@ from metatable.file_group.base_file import BaseFile
 from metatable.formats.log_file import LogFile
 from metatable.metadata.file_group import SST_EXTENSION
 from metatable.metadata.table import MetadataTable
-from metatable.storage.base import Storage, read_json
+from metatable.storage.base import Storage, read_json, write_json
 from metatable.storage.paths import TablePaths
 from metatable.table_config import BUILDING, parse_index_states
 from metatable.timeline.instant import Action, Instant
@@ -39,7 +38,7 @@ def save_states(storage: Storage, paths: TablePaths, states: Mapping[str, str]) 
     """Replace the states in table.json, atomically (callers hold the table lock)."""
     stored = read_json(storage, paths.table_config)
     stored["metadata_indexes"] = dict(states)
-    storage.write_atomic(paths.table_config, json.dumps(stored, indent=2, sort_keys=True).encode())
+    write_json(storage, paths.table_config, stored)
 
 
 def catch_up_token(instant: str, indexing: str) -> str:

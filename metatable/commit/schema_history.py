@@ -11,14 +11,13 @@ holds every earlier change.
 """
 from __future__ import annotations
 
-import json
 import logging
 
 import pyarrow as pa
 
 from metatable.errors import ConflictError
 from metatable.schema_evolution import evolve, widens
-from metatable.storage.base import Storage, read_json
+from metatable.storage.base import Storage, read_json, write_json
 from metatable.storage.paths import TablePaths
 from metatable.table_config import TableConfig, encode_schema
 from metatable.timeline.instant import Instant
@@ -50,7 +49,7 @@ def record_schema(storage: Storage, paths: TablePaths, config: TableConfig, time
     if final.equals(current):
         return
     stored.setdefault("schema_history", {})[instant.time] = encode_schema(final)
-    storage.write_atomic(paths.table_config, json.dumps(stored, indent=2, sort_keys=True).encode())
+    write_json(storage, paths.table_config, stored)
     log.info("instant %s changes the schema of %s: %s", instant.time, paths.root,
              ", ".join(f"{f.name} {f.type}" for f in final
                        if f.name not in current.names or current.field(f.name).type != f.type))
@@ -61,4 +60,4 @@ def forget_schema(storage: Storage, paths: TablePaths, time: str) -> None:
     stored = read_json(storage, paths.table_config)
     if time in stored.get("schema_history", {}):
         del stored["schema_history"][time]
-        storage.write_atomic(paths.table_config, json.dumps(stored, indent=2, sort_keys=True).encode())
+        write_json(storage, paths.table_config, stored)

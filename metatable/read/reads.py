@@ -35,19 +35,20 @@ class ScanPlan:
     def report(self) -> dict[str, int]:
         return {"file_slices": self.total, "skipped": self.total - len(self.slices)}
 
-    def projected(self, columns: Sequence[str] | None) -> tuple[list[str], TableConfig]:
-        """The columns a read returns (all, in table order, by default), and the config to read slices with:
-        those, the filter's columns, and the key, partition and ordering columns (a config needs them, the
-        merge the ordering), so files are read for no other column."""
-        schema = self.config.schema
+    def projected(self, columns: Sequence[str] | None) -> tuple[pa.Schema, TableConfig]:
+        """The schema a read returns (every column, in table order, by default), and the config to read slices
+        with: those columns, the filter's, and the key, partition and ordering columns (a config needs them,
+        the merge the ordering), so files are read for no other column."""
+        config = self.config
+        schema = config.schema
         wanted = list(schema.names) if columns is None else list(columns)
         unknown = [c for c in wanted if c not in schema.names]
         if unknown or len(set(wanted)) != len(wanted):
             raise InvalidInputError(f"columns {wanted} must name distinct columns of the table ({schema.names})")
-        config = self.config
         needed = {*wanted, *(c for conjunction in self.filters for c, _, _ in conjunction), *config.record_key,
                   *config.partition_by, *([config.ordering_field] if config.ordering_field else [])}
-        return wanted, self.config.with_schema(pa.schema([f for f in schema if f.name in needed]))
+        return (pa.schema([schema.field(c) for c in wanted]),
+                config.with_schema(pa.schema([f for f in schema if f.name in needed])))
 
 
 def scan_plan(context: TableContext, as_of: str | None = None, filter: Any = None) -> ScanPlan:
@@ -81,36 +82,33 @@ def plan_of(view: TimelineView, filters: Filter) -> ScanPlan:
 def slice_tables(context: TableContext, plan: ScanPlan, columns: Sequence[str] | None = None,
                  read_optimized: bool = False) -> Iterator[pa.Table]:
     """The plan's rows, one file slice at a time: merged, filtered, projected."""
-    wanted, config = plan.projected(columns)
+    out, config = plan.projected(columns)
     for fs in plan.slices:
         rows = read_slice(context.storage, context.paths, config, fs, read_optimized)
-        yield (rows.filter(row_mask(rows, plan.filters)) if plan.filters else rows).select(wanted)
+        yield (rows.filter(row_mask(rows, plan.filters)) if plan.filters else rows).select(out.names)
 
 
 def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False,
              columns: Sequence[str] | None = None) -> pa.Table:
     tables = list(slice_tables(context, plan, columns, read_optimized))
-    wanted, _ = plan.projected(columns)
-    return pa.concat_tables(tables) if tables else pa.schema([plan.config.schema.field(c) for c in wanted]).empty_table()
+    return pa.concat_tables(tables) if tables else plan.projected(columns)[0].empty_table()
 
 
 def to_batches(context: TableContext, plan: ScanPlan, columns: Sequence[str] | None = None,
                read_optimized: bool = False) -> pa.RecordBatchReader:
     """The plan's rows as a stream: one file slice is read when the consumer gets that far, so memory holds one
     slice, not the table. DuckDB and Polars take it as it is (`__arrow_c_stream__`)."""
-    wanted, _ = plan.projected(columns)
-    schema = pa.schema([plan.config.schema.field(c) for c in wanted])
-    batches = (batch.cast(schema) for table in slice_tables(context, plan, columns, read_optimized)
-               for batch in table.to_batches())
-    return pa.RecordBatchReader.from_batches(schema, batches)
+    out, _ = plan.projected(columns)
+    batches = (batch for table in slice_tables(context, plan, columns, read_optimized) for batch in table.to_batches())
+    return pa.RecordBatchReader.from_batches(out, batches)
 
 
 def to_dataframe(context: TableContext, plan: ScanPlan, read_optimized: bool = False, spark: Any = None,
                  columns: Sequence[str] | None = None) -> Any:
-    wanted, _ = plan.projected(columns)
+    out, _ = plan.projected(columns)
     df = read_dataframe(active_session(spark), context.paths, plan.config, plan.slices, read_optimized)
     df = df.where(spark_condition(plan.filters)) if plan.filters else df
-    return df.select(*wanted) if columns is not None else df
+    return df.select(*out.names) if columns is not None else df
 
 
 def file_group_stats(context: TableContext, as_of: str | None = None) -> list[dict[str, Any]]:

@@ -45,3 +45,8 @@ def read_json(storage: Storage, path: str, *, metadata: bool = False) -> Any:
         return json.loads(raw)
     except ValueError as e:
         raise CorruptFileError(path, f"not valid JSON ({e})", metadata=metadata) from None
+
+
+def write_json(storage: Storage, path: str, value: Any) -> None:
+    """Replace a JSON file atomically (table.json: its readers never see half of it)."""
+    storage.write_atomic(path, json.dumps(value, indent=2, sort_keys=True).encode())
