@@ -7,6 +7,14 @@ of its value at 1,000 commits, and the active timeline bounded.
 The final table is checked against a model of every upsert; the benchmark exits non-zero if it differs.
 
     python benchmarks/long_life.py [--commits 20000] [--every 1000] [--rows 10000]
+
+`--stream-seconds S` runs the same table under a Spark structured-streaming query instead: a rate source
+(`--rows-per-second`, 50 by default: 10-100 rows a batch) written through `StreamSink` one micro-batch a
+second, with the same figures printed every `--every-seconds`; the median upsert is the median `addBatch`
+of the query's progress reports since the last line. At the end the table must hold, for every key, the
+newest of the rows the query wrote.
+
+    python benchmarks/long_life.py --stream-seconds 1800 [--every-seconds 300]
 """
 from __future__ import annotations
 
@@ -51,11 +59,70 @@ def files_under(path: str) -> int:
     return sum(len(names) for _, _, names in os.walk(path))
 
 
+def figures(table: mt.Table, path: str, keys: list[int]) -> tuple[dict, int]:
+    """A full read, a get of `keys`, an open and the file counts; and how many rows the get returned."""
+    read_s, snapshot = timed(table.to_arrow)
+    get_s, got = timed(lambda: table.get(pa.table({"id": pa.array(keys, pa.int64()),
+                                                   "day": [DAYS[i % len(DAYS)] for i in keys]})))
+    open_s, _ = timed(lambda: mt.Table.open(path))
+    return dict(full_read_s=round(read_s, 4), rows=snapshot.num_rows, get_10_s=round(get_s, 4),
+                open_s=round(open_s, 4), timeline_files=len(os.listdir(TablePaths(path).timeline)),
+                table_files=files_under(path)), got.num_rows
+
+
+def stream(table: mt.Table, path: str, args: argparse.Namespace, workdir: str) -> int:
+    """The stream mode (see the module docstring)."""
+    from pyspark.sql import functions as F
+
+    spark = mt.spark_session(**{"spark.sql.streaming.numRecentProgressUpdates": "100000"})
+    keys = int(args.rows * 1.2)
+    rows = (spark.readStream.format("rate").option("rowsPerSecond", args.rows_per_second).load()
+            .select((F.col("value") % keys).alias("id"),
+                    F.element_at(F.array(*[F.lit(d) for d in DAYS]), (F.col("value") % keys % len(DAYS) + 1).cast("int")).alias("day"),
+                    F.concat(F.lit("v"), F.col("value").cast("string")).alias("v"),
+                    (F.col("value") + 1).alias("ts")))
+    query = (rows.writeStream.foreachBatch(mt.StreamSink(path, "long_life"))
+             .option("checkpointLocation", os.path.join(workdir, "checkpoint")).trigger(processingTime="1 second")
+             .start())
+    started, seen, rng = time.monotonic(), 0, random.Random(37)
+    try:
+        while time.monotonic() - started < args.stream_seconds:
+            time.sleep(min(args.every_seconds, args.stream_seconds))
+            if query.exception() is not None:
+                print(f"the stream failed: {query.exception()}", file=sys.stderr)
+                return 1
+            progress = query.recentProgress
+            batches = [p["durationMs"].get("addBatch", 0) / 1000 for p in progress[seen:] if p["numInputRows"]]
+            seen = len(progress)
+            shown, got = figures(table, path, rng.sample(range(args.rows), 10))
+            emit(mode="stream", elapsed_s=round(time.monotonic() - started), commits=len(table.timeline(archived=True)),
+                 seconds=round(statistics.median(batches), 5) if batches else None, **shown)
+            if got != 10:
+                print(f"get of 10 present keys returned {got} rows", file=sys.stderr)
+                return 1
+    finally:
+        query.stop()
+    # the rate source's values are 0, 1, 2, ... and batches commit in order: every value below the newest
+    # committed one was committed, and each key holds the newest of its values
+    final = {r["id"]: r["ts"] for r in table.to_arrow().to_pylist()}
+    newest = max(final.values())
+    expected = {i: 0 for i in range(args.rows)}
+    expected.update({value % keys: value + 1 for value in range(newest)})
+    if final != expected:
+        wrong = [k for k in expected if final.get(k) != expected[k]][:5]
+        print(f"the table differs from the rows the stream wrote, e.g. keys {wrong}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commits", type=int, default=20000)
     parser.add_argument("--every", type=int, default=1000)
     parser.add_argument("--rows", type=int, default=10000, help="rows of the first load")
+    parser.add_argument("--stream-seconds", type=float, help="run a StreamSink query this long instead")
+    parser.add_argument("--every-seconds", type=float, default=300.0)
+    parser.add_argument("--rows-per-second", type=int, default=50)
     parser.add_argument("--workdir", help="default: a temporary directory")
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="metatable-long-life-")
@@ -64,6 +131,8 @@ def main() -> int:
     table = mt.Table.create(path, SCHEMA, ["id"], ["day"], "ts", index=mt.IndexConfig(num_buckets=4))
     model = {i: (DAYS[i % len(DAYS)], f"v0-{i}", 0) for i in range(args.rows)}
     table.bulk_insert(rows_of(list(range(args.rows)), 0))
+    if args.stream_seconds:
+        return stream(table, path, args, workdir)
     rng = random.Random(37)
     times: list[float] = []
     for commit in range(1, args.commits + 1):
@@ -72,17 +141,11 @@ def main() -> int:
         times.append(seconds)
         model.update({i: (DAYS[i % len(DAYS)], f"v{commit}-{i}", commit) for i in ids})
         if commit % args.every == 0:
-            read_s, snapshot = timed(table.to_arrow)
-            keys = rng.sample(sorted(model), 10)
-            get_s, got = timed(lambda: table.get(pa.table({"id": pa.array(keys, pa.int64()),
-                                                           "day": [DAYS[i % len(DAYS)] for i in keys]})))
-            open_s, _ = timed(lambda: mt.Table.open(path))
-            emit(commits=commit, seconds=round(statistics.median(times), 5),
-                 full_read_s=round(read_s, 4), rows=snapshot.num_rows, get_10_s=round(get_s, 4), open_s=round(open_s, 4),
-                 timeline_files=len(os.listdir(TablePaths(path).timeline)), table_files=files_under(path))
+            shown, got = figures(table, path, rng.sample(sorted(model), 10))
+            emit(commits=commit, seconds=round(statistics.median(times), 5), **shown)
             times = []
-            if got.num_rows != 10:
-                print(f"get of 10 present keys returned {got.num_rows} rows", file=sys.stderr)
+            if got != 10:
+                print(f"get of 10 present keys returned {got} rows", file=sys.stderr)
                 return 1
     final = {r["id"]: (r["day"], r["v"], r["ts"]) for r in table.to_arrow().to_pylist()}
     if final != model:

@@ -24,7 +24,7 @@ from metatable.storage.local import LocalStorage
 from metatable.storage.paths import TablePaths
 from metatable.table import Table
 from metatable.table_config import BUCKET_ENGINES, INDEX_SCOPES, INDEX_TYPES, METADATA_INDEXES, TABLE_TYPES, IndexConfig
-from metatable.timeline.instant import Action
+from metatable.timeline.instant import BOOTSTRAP_TIME, Action
 from metatable.timeline.timeline import Timeline
 from metatable.write.write_input import is_dataset, pyarrow_dataset
 
@@ -66,10 +66,15 @@ def timeline_root(path: str) -> str:
 def cmd_timeline(args: argparse.Namespace) -> None:
     tl = Timeline(LocalStorage(), timeline_root(args.path))
     instants = tl.instants()
-    if not instants:
+    archived = [i for i, _ in tl.archive.read(last=tl.archived.until)] if args.all else []
+    if not instants and not archived:
         print("(empty timeline)")
+    for i in archived:
+        print(f"{i.time}  {i.action.value:<14} {i.state.value}  (archived)")
     for i in instants:
         print(f"{i.time}  {i.action.value:<14} {i.state.value}")
+    if not args.all and tl.archived.until != BOOTSTRAP_TIME:
+        print(f"(instants up to {tl.archived.until} are archived: --all lists them)")
 
 
 def cmd_metadata_create(args: argparse.Namespace) -> None:
@@ -546,6 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("timeline", parents=[verbose], help="list a table's instants")
     p.add_argument("path", help="the table's directory")
+    p.add_argument("--all", action="store_true", help="the archived instants too, oldest first")
     p.set_defaults(func=cmd_timeline)
 
     p = sub.add_parser("create", parents=[verbose], help="create a keyed table")

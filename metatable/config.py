@@ -46,7 +46,13 @@ OPTIONS: dict[str, Option] = {
                "index entries go to SST at once, not into every read)", minimum=1),
         Option("metadata.clean.retain_file_slices", int, 2,
                "file slices kept per metadata file group by clean (the latest counts)", minimum=1),
-        Option("metadata.auto_compact", bool, True, "compact (and clean) the metadata table after each commit"),
+        Option("metadata.auto_compact", bool, True,
+               "compact, clean and archive the metadata table after each commit"),
+        Option("metadata.archive.max_instants", int, 60,
+               "archive the metadata table's oldest completed instants once its timeline holds more than this",
+               minimum=2),
+        Option("metadata.archive.min_instants", int, 30,
+               "... leaving at least this many active (and every one a pending data instant still needs)", minimum=1),
         Option("lock.timeout_s", float, 60.0, "how long to wait for the table lock", minimum=0.0),
         Option("metadata.files.file_groups", int, 1, "file groups of the files partition", minimum=1),
         Option("metadata.column_stats.file_groups", int, 2, "file groups of the column_stats partition", minimum=1),
@@ -102,6 +108,19 @@ OPTIONS: dict[str, Option] = {
         Option("clean.retain_commits", int, 10,
                "clean keeps every file slice that the last N completed commits can read", minimum=1),
         Option("clean.inline", bool, True, "clean after each commit"),
+        Option("clean.sweep_every_s", float, 3600.0,
+               "a clean also sweeps what dead processes left (staging files, markers, orphaned data files) when "
+               "the last sweep is this old: the sweep walks every file of the table, which was 0.96 s of a 3.4 s "
+               "upsert at 600 commits when every clean swept (0: every clean sweeps; `metatable fsck --repair` "
+               "sweeps at once)", minimum=0.0),
+        Option("archive.max_instants", int, 60,
+               "once the active timeline holds more instants than this, the oldest completed ones move into the "
+               "archive (after a commit, with clean); every write lists and reads the active timeline, so this "
+               "bounds its cost: measured in `benchmarks/long_life.py`, flat from 1,000 to 20,000 commits "
+               "(docs/design-notes.md)", minimum=2),
+        Option("archive.min_instants", int, 30,
+               "archival leaves at least this many instants active (and every instant that a pending one or "
+               "clean's retained commits still need: docs/design-notes.md)", minimum=1),
         Option("clustering.small_file_limit", int, 96 << 20,
                "clustering takes file slices whose base file is smaller than this (bytes)", minimum=0),
         Option("clustering.max_bytes_per_group", int, 2 << 30,

@@ -88,9 +88,13 @@ class Table:
     def open(cls, path: str, options: Mapping[str, Any] | None = None, storage: Storage | None = None) -> Table:
         return cls(path, storage=storage, options=options)
 
-    def timeline(self) -> list[Instant]:
-        """Instants, oldest first."""
-        return self.context.timeline.instants()
+    def timeline(self, archived: bool = False) -> list[Instant]:
+        """The active timeline's instants, oldest first; with `archived`, the archived ones before them (all
+        completed: archival moves only completed instants)."""
+        timeline = self.context.timeline
+        active = timeline.instants()
+        older = [i for i, _ in timeline.archive.read(last=timeline.archived.until)] if archived else []
+        return older + active
 
     # -- writes -------------------------------------------------------------------------------------
     @writes

@@ -28,7 +28,8 @@ BENCHMARKS = [
     ("resize.py", ["--scale-factor", SF, "--target-mb", "0.5"]),
     ("indexer.py", ["--scale-factor", SF]),
     ("upsert.py", ["--scale-factor", SF, "--buckets", "2", "--only", "metatable,delta", "--indexes", "bucket"]),
-    ("long_life.py", ["--commits", "20", "--every", "10", "--rows", "2000"]),
+    ("long_life.py", ["--commits", "120", "--every", "60", "--rows", "2000"]),  # archives: 60 instants by default
+    ("long_life.py", ["--stream-seconds", "20", "--every-seconds", "10", "--rows", "2000"]),
 ]
 
 
@@ -39,7 +40,9 @@ def workdir(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script,args", BENCHMARKS, ids=[b[0].removesuffix(".py") for b in BENCHMARKS])
+@pytest.mark.parametrize("script,args", BENCHMARKS,
+                         ids=[b[0].removesuffix(".py") + ("-stream" if "--stream-seconds" in b[1] else "")
+                              for b in BENCHMARKS])
 def test_benchmark_runs_and_its_checks_pass(script: str, args: list[str], workdir: Path) -> None:
     command = [sys.executable, str(ROOT / "benchmarks" / script), *args]
     if script != "mdt_lookup.py":  # the one that makes its data in a temporary directory of its own

@@ -96,7 +96,8 @@ class TableContext:
         if len(config.schema_versions) == 1:
             return config
         completed = {i.time for i in self.timeline.completed()}
-        return config.as_seen(completed.__contains__)
+        archived = self.timeline.archived
+        return config.as_seen(lambda time: time in completed or archived.holds(time))
 
     def save_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """Store options in table.json for every later open (validated; a default value is stored as none).

@@ -17,7 +17,7 @@ from metatable.commit.context import TableContext
 from metatable.errors import MetatableError
 from metatable.file_group.base_file import PARQUET, BaseFile
 from metatable.formats.log_file import LogFile
-from metatable.storage.base import TEMP_MARK, is_temporary
+from metatable.storage.base import TEMP_MARK, is_temporary, read_json, write_json
 from metatable.storage.paths import META_DIR, SST_CACHE
 from metatable.timeline.heartbeat import is_expired
 from metatable.timeline.instant import Instant
@@ -28,11 +28,23 @@ STAGING_MAX_AGE_S = 3600.0  # a staging file outside the data partitions (timeli
 # job's rows) this old is dead
 
 
+def sweep_if_due(context: TableContext) -> list[str]:
+    """`sweep`, when the last one is older than `clean.sweep_every_s` (it walks every file of the table)."""
+    try:
+        last = float(read_json(context.storage, context.paths.last_sweep)["at"])
+    except (FileNotFoundError, MetatableError, KeyError, TypeError, ValueError):
+        last = 0.0
+    if time.time() - last < context.config.options["clean.sweep_every_s"]:
+        return []
+    return sweep(context)
+
+
 def sweep(context: TableContext) -> list[str]:
     """Remove what dead processes left (under the lock); returns the paths removed."""
     with context.transactions.lock.held():
         leftovers = sorted(find_leftovers(context, context.timeline.instants()))
         remove(context, leftovers)
+        write_json(context.storage, context.paths.last_sweep, {"at": time.time()})
     if leftovers:
         log.info("swept %d leftovers of dead processes from %s", len(leftovers), context.root)
     return leftovers
@@ -51,6 +63,7 @@ def find_leftovers(context: TableContext, instants: list[Instant]) -> Iterator[s
                                                    timeline.heartbeat_interval_s, timeline.heartbeat_misses, now)
 
     known = {i.time for i in instants}
+    archived = timeline.archived  # listed with `instants`: an archived instant's files are live
     for directory, subdirs, names in os.walk(storage.local_path(paths.root)):
         subdirs[:] = [d for d in subdirs if d != SST_CACHE]  # RocksDB's own files
         for name in names:
@@ -60,7 +73,8 @@ def find_leftovers(context: TableContext, instants: list[Instant]) -> Iterator[s
                 writer = writer_of(name[1:name.index(TEMP_MARK)]) if data else None
                 if (writer is not None and dead(writer)) or age(path, now) > STAGING_MAX_AGE_S:
                     yield path
-            elif data and (writer := writer_of(name)) is not None and writer not in known and dead(writer):
+            elif data and (writer := writer_of(name)) is not None and writer not in known and \
+                    not archived.holds(writer) and dead(writer):
                 yield path  # written by an instant the timeline does not have
     for kind, of in (("markers", paths.markers), ("spill", paths.spill), ("heartbeats", None)):
         directory = os.path.join(paths.meta, kind)

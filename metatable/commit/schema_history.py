@@ -39,7 +39,8 @@ def record_schema(storage: Storage, paths: TablePaths, config: TableConfig, time
     if later:
         raise ConflictError(f"a schema change committed at {later[-1]} while write {instant.time} changed the "
                             "schema too")
-    current = config.as_seen(completed.__contains__).schema
+    archived = timeline.archived
+    current = config.as_seen(lambda t: t in completed or archived.holds(t)).schema
     final = evolve(current, written, (*config.record_key, *config.partition_by), what=f"write {instant.time}")
     retyped = [f.name for f in written if f.type != final.field(f.name).type
                and not widens(f.type, final.field(f.name).type)]

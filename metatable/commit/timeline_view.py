@@ -53,31 +53,50 @@ class TimelineView:
         self.timeline = timeline
         self.metadata = metadata
         self.instants = timeline.instants()
+        self.archived = timeline.archived  # read after the listing: an instant is in one or the other
         # the metadata snapshot was fixed first: an instant that completed after it is not seen (a resize
         # would otherwise hide its parents while the snapshot lacks its children's files)
-        valid = None if metadata.standalone else metadata.snapshot.valid_instants
+        snapshot = None if metadata.standalone else metadata.snapshot
         self.completed = [i for i in self.instants if i.is_completed and i.action in DATA_ACTIONS
-                          and (valid is None or i.time in valid)]
+                          and (snapshot is None or snapshot.valid(i.time))]
         self.completed_times = frozenset(i.time for i in self.completed)
-        if as_of is not None and as_of not in self.completed_times:
+        if as_of is not None and not self.is_completed(as_of):
             raise InvalidInputError(f"cannot read as of {as_of}: not a completed instant of {timeline.root}")
         if as_of is not None and as_of < self.readable_from:
             raise SnapshotExpiredError(
                 f"cannot read {timeline.root} as of {as_of}: a clean removed files of that snapshot; snapshots as "
-                f"of {self.readable_from} or later are readable (the latest is {self.completed[-1].time}). "
+                f"of {self.readable_from} or later are readable (the latest is {self.latest}). "
                 "clean.retain_commits sets how many commits stay readable")
         self.as_of = as_of
         self.config = config.as_seen(self.visible)  # the schema of this snapshot (`schema_history`)
 
+    def is_completed(self, time: str) -> bool:
+        """Whether a data instant completed at `time`: on the active timeline, or in the archive."""
+        if time in self.completed_times:
+            return True
+        if not self.archived.holds(time):
+            return False
+        found = self.timeline.archive.find(time)
+        return found is not None and found.action in DATA_ACTIONS
+
+    @property
+    def latest(self) -> str | None:
+        """The latest completed data instant this view could see."""
+        return self.completed[-1].time if self.completed else None
+
     @cached_property
     def readable_from(self) -> str:
-        """The oldest instant time whose snapshot every completed clean kept (each records its own)."""
+        """The oldest instant time whose snapshot every completed clean kept (each records its own; the
+        archive carries the newest of the archived ones)."""
         cleans = [i for i in self.instants if i.is_completed and i.action is Action.CLEAN]
         return max([self.timeline.read_json(i).get("readable_from", BOOTSTRAP_TIME) for i in cleans],
-                   default=BOOTSTRAP_TIME)
+                   default=self.archived.carried.get("readable_from", BOOTSTRAP_TIME))
 
     def visible(self, time: str) -> bool:
-        return time in self.completed_times and (self.as_of is None or time <= self.as_of)
+        """Whether files an instant at `time` wrote are in this snapshot: it completed (an archived one did)
+        and, in time travel, not after the snapshot."""
+        return (time in self.completed_times or self.archived.holds(time)) and \
+            (self.as_of is None or time <= self.as_of)
 
     def pending(self, actions: Iterable[Action]) -> list[Instant]:
         wanted = set(actions)
@@ -110,7 +129,7 @@ class TimelineView:
     def bucket_layout(self, configured: int) -> BucketLayout:
         """A simple-bucket table's buckets as this view sees them: a completed rehash (a replacecommit that
         records `num_buckets`) changes the count atomically with the file groups it rewrote."""
-        count, generation = configured, INITIAL_GENERATION
+        count, generation = self.archived.carried.get("num_buckets") or (configured, INITIAL_GENERATION)
         for instant, meta in self.replacements:
             if meta.get("num_buckets"):
                 count, generation = meta["num_buckets"], instant.time

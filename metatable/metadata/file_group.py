@@ -13,7 +13,7 @@ import bisect
 import itertools
 import os
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -33,34 +33,60 @@ SST_EXTENSION = "sst"
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What a reader may see: fixed when the reader opens."""
+    """What a reader may see: fixed when the reader opens. An instant at or before an archive's `until`
+    completed (archival moves only completed instants): `own_until` is the metadata timeline's, `authority_until`
+    the data table's (the same when the metadata table stands alone)."""
 
     valid_instants: frozenset[str]     # record blocks of these instants are visible
     rollbacks: frozenset[str]          # completed rollback instants (their blocks are commands)
     compactions: frozenset[str]        # completed compaction (and indexing) instants: their bases are visible
+    own_until: str = BOOTSTRAP_TIME
+    authority_until: str = BOOTSTRAP_TIME
 
     @classmethod
     def of(cls, timeline: Timeline, authority: Timeline | None) -> Snapshot:
         """Now: a block is valid once its instant completed on the authority timeline (the data table's), or
         on the metadata table's own timeline as a deltacommit when it stands alone (`authority` None)."""
         done = timeline.completed()
+        own_until = timeline.archived.until
         indexed: set[str] = set()
         if authority is None:
             valid = {i.time for i in done if i.action is Action.DELTACOMMIT}
+            authority_until = own_until
         else:
             completed = authority.completed()
+            authority_until = authority.archived.until
             valid = {i.time for i in completed}
             indexed = {i.time for i in completed if i.action is Action.INDEXING}  # the indexer's bases
         return cls(valid_instants=frozenset(valid),
                    rollbacks=frozenset(i.time for i in done if i.action is Action.ROLLBACK),
                    compactions=frozenset({BOOTSTRAP_TIME} | indexed |
-                                         {i.time for i in done if i.action is Action.COMPACTION}))
+                                         {i.time for i in done if i.action is Action.COMPACTION}),
+                   own_until=own_until, authority_until=authority_until)
+
+    def valid(self, time: str) -> bool:
+        """Whether record blocks of `time` are visible (a data instant that completed)."""
+        return time in self.valid_instants or time <= self.authority_until
+
+    def rolled_back(self, time: str) -> bool:
+        """Whether a rollback block of `time` applies (its rollback completed)."""
+        return time in self.rollbacks or time <= self.own_until
+
+    def readable(self, lf: LogFile) -> bool:
+        """Whether a log file's blocks may be read: records of a valid instant, or a completed rollback's."""
+        return self.valid(lf.instant) or self.rolled_back(lf.instant)
+
+    def compacted(self, time: str) -> bool:
+        """Whether a base of `time` is visible: its compaction (or indexing) completed. Either timeline's
+        archival stops at the oldest pending instant of both, so no instant of either at or before an
+        archive's `until` is pending."""
+        return time in self.compactions or time <= max(self.own_until, self.authority_until)
 
 
-def resolve_slice(partition: str, file_id: str, names: list[str], compactions: frozenset[str]) -> FileSlice:
+def resolve_slice(partition: str, file_id: str, names: list[str], compacted: Callable[[str], bool]) -> FileSlice:
     """The latest slice of a metadata file group from a directory listing (all its logs, valid or not)."""
     bases, logs = parse_names(names, SST_EXTENSION)
-    return latest_slice(partition, file_id, bases, logs, compactions.__contains__)
+    return latest_slice(partition, file_id, bases, logs, compacted)
 
 
 class MetadataFileGroup:
@@ -82,19 +108,17 @@ class MetadataFileGroup:
     # -- slice contents -----------------------------------------------------------------------
     def valid_logs(self) -> list[LogFile]:
         """Record and rollback logs this snapshot may read (rolled-back instants not yet excluded)."""
-        snap = self.snapshot
-        return [lf for lf in self.slice.logs
-                if lf.instant in snap.valid_instants or lf.instant in snap.rollbacks]
+        return [lf for lf in self.slice.logs if self.snapshot.readable(lf)]
 
     def _entries(self) -> Entries:
         """Every entry of the slice's visible record blocks, oldest first, as columns (read once)."""
         if self._log_entries is None:
             blocks = [read_log(self.storage, os.path.join(self.directory, lf.file_name)) for lf in self.valid_logs()]
             undone = {b.target_instant for b in blocks
-                      if b.kind is BlockKind.ROLLBACK and b.instant in self.snapshot.rollbacks}
+                      if b.kind is BlockKind.ROLLBACK and self.snapshot.rolled_back(b.instant)}
             self._log_entries = Entries.concat(
                 [b.entries for b in blocks if b.kind is BlockKind.RECORDS and b.instant not in undone
-                 and b.instant in self.snapshot.valid_instants] or [Entries.empty()], may_repeat=False)
+                 and self.snapshot.valid(b.instant)] or [Entries.empty()], may_repeat=False)
         return self._log_entries
 
     def _records_of(self, entries: Entries) -> dict[str, Record]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from indexes.keys import hash32
 
@@ -79,8 +79,8 @@ class MetadataLayout:
     def listing(self, partition: str) -> list[str]:
         return self.storage.list(self.dir(partition))
 
-    def slice(self, partition: str, index: int, names: list[str], compactions: frozenset[str]) -> FileSlice:
-        return resolve_slice(partition, file_group_id(partition, index), names, compactions)
+    def slice(self, partition: str, index: int, names: list[str], compacted: Callable[[str], bool]) -> FileSlice:
+        return resolve_slice(partition, file_group_id(partition, index), names, compacted)
 
     def group(self, fs: FileSlice, snapshot: Snapshot) -> MetadataFileGroup:
         return MetadataFileGroup(self.storage, self.dir(fs.partition), fs, self.kind(fs.partition), snapshot,
@@ -89,7 +89,7 @@ class MetadataLayout:
     def compacted_base(self, file_id: str, instant: str) -> BaseFile:
         return BaseFile(file_id, COMPACTION_TOKEN, instant, SST_EXTENSION)
 
-    def next_logs(self, partition: str, indexes: Iterable[int], time: str, compactions: frozenset[str],
+    def next_logs(self, partition: str, indexes: Iterable[int], time: str, compacted: Callable[[str], bool],
                   pending_compactions: Mapping[str, Mapping[str, Any]], token: str | None = None) -> dict[int, LogFile]:
         """The next log name per file group at `time`, in the slice new writes belong to: the latest
         completed base's, or a pending compaction's (`pending_compactions`: instant -> plan). `token`: the
@@ -98,7 +98,7 @@ class MetadataLayout:
         out = {}
         for index in indexes:
             file_id = file_group_id(partition, index)
-            base_instant = resolve_slice(partition, file_id, names, compactions).base_instant
+            base_instant = resolve_slice(partition, file_id, names, compacted).base_instant
             for instant, plan in pending_compactions.items():
                 if file_id in plan.get("file_groups", {}):
                     base_instant = max(base_instant, instant)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from metatable.config import THREADS
 from metatable.errors import RollbackError
@@ -76,7 +76,7 @@ class MetadataUndo:
         logs = self.timeline.read_json(target).get("logs", []) if target.state is not State.REQUESTED else []
         if target.action is Action.DELTACOMMIT:
             self._refuse_if_compacted(target.time, logs)
-        committed = target.time in Snapshot.of(self.timeline, self.authority).valid_instants
+        committed = Snapshot.of(self.timeline, self.authority).valid(target.time)
         return {"logs": logs, "committed": committed}
 
     def _refuse_if_compacted(self, time: str, logs: list[str]) -> None:
@@ -108,7 +108,7 @@ class MetadataUndo:
             if any(n.startswith(f".{file_id}_") and LogFile.is_log_name(n) and LogFile.parse(n).instant == rollback_time
                    for n in names):
                 continue
-            lf = self.layout.next_logs(partition, [index], rollback_time, snapshot.compactions, pending)[index]
+            lf = self.layout.next_logs(partition, [index], rollback_time, snapshot.compacted, pending)[index]
             write_log(self.layout.storage, os.path.join(self.layout.dir(partition), lf.file_name),
                       LogBlock(rollback_time, BlockKind.ROLLBACK, [], target_instant=plan["target"]))
         return {}
@@ -131,8 +131,8 @@ def compaction_service(layout: MetadataLayout, transactions: Transactions, autho
         groups: dict[str, Any] = {}
         listings = {p: layout.listing(p) for p in layout.partitions}
         for partition, index, file_id in layout.file_groups():
-            fs = layout.slice(partition, index, listings[partition], snapshot.compactions)
-            readable = [lf for lf in fs.logs if lf.instant in snapshot.valid_instants or lf.instant in snapshot.rollbacks]
+            fs = layout.slice(partition, index, listings[partition], snapshot.compacted)
+            readable = [lf for lf in fs.logs if snapshot.readable(lf)]
             if not readable or len(readable) < threshold and sum(
                     layout.storage.size(os.path.join(layout.dir(partition), lf.file_name)) for lf in readable) < max_bytes:
                 continue  # sizes are asked for only below the count
@@ -187,13 +187,18 @@ def clean_service(layout: MetadataLayout, transactions: Transactions, authority:
     def plan() -> Content | None:
         layout.reload()
         snapshot = Snapshot.of(timeline, authority)
-        known = {i.time for i in timeline.instants()} | {i.time for i in (authority or timeline).instants()}
+        active = {i.time for i in timeline.instants()} | {i.time for i in (authority or timeline).instants()}
+        archived = max(timeline.archived.until, (authority or timeline).archived.until)
+
+        def known(time: str) -> bool:  # logs of instants that neither timeline has (active or archived) are garbage
+            return time in active or time <= archived
+
         pending_compactions = set(pending_compaction_plans(timeline, authority))
         doomed: list[str] = []
         listings = {p: layout.listing(p) for p in layout.partitions}
         for partition, _, file_id in layout.file_groups():
             doomed += [os.path.join(partition, name) for name in
-                       obsolete(file_id, listings[partition], snapshot.compactions, pending_compactions, known, keep)]
+                       obsolete(file_id, listings[partition], snapshot.compacted, pending_compactions, known, keep)]
         return {"delete": doomed} if doomed else None
 
     return Service(Action.CLEAN, plan, lambda instant, plan: execute_clean(layout, transactions, instant, plan))
@@ -210,22 +215,22 @@ def execute_clean(layout: MetadataLayout, transactions: Transactions, instant: I
     return tuple(plan["delete"])
 
 
-def obsolete(file_id: str, names: list[str], compactions: frozenset[str], pending_compactions: set[str],
-             known: set[str], keep: int) -> list[str]:
+def obsolete(file_id: str, names: list[str], compacted: Callable[[str], bool], pending_compactions: set[str],
+             known: Callable[[str], bool], keep: int) -> list[str]:
     bases = []
     for name in names:
         if name.startswith(file_id + "_") and name.endswith("." + SST_EXTENSION):
             bf = BaseFile.parse(name)
             if bf.file_id == file_id:
                 bases.append(bf)
-    live_bases = sorted({BOOTSTRAP_TIME} | {b.instant for b in bases if b.instant in compactions})
+    live_bases = sorted({BOOTSTRAP_TIME} | {b.instant for b in bases if compacted(b.instant)})
     oldest_kept = live_bases[-keep] if len(live_bases) >= keep else live_bases[0]
     out = [b.file_name for b in bases
-           if b.instant < oldest_kept or (b.instant not in compactions and b.instant not in pending_compactions)]
+           if b.instant < oldest_kept or (not compacted(b.instant) and b.instant not in pending_compactions)]
     for name in names:
         if name.startswith(f".{file_id}_") and LogFile.is_log_name(name):
             lf = LogFile.parse(name)
-            if lf.file_id == file_id and (lf.base_instant < oldest_kept or lf.instant not in known):
+            if lf.file_id == file_id and (lf.base_instant < oldest_kept or not known(lf.instant)):
                 out.append(name)
     return out
 

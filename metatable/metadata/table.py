@@ -218,7 +218,7 @@ class MetadataTable:
         if group is None:
             if partition not in self._listings:
                 self._listings[partition] = self.layout.listing(partition)
-            fs = self.layout.slice(partition, index, self._listings[partition], self.snapshot.compactions)
+            fs = self.layout.slice(partition, index, self._listings[partition], self.snapshot.compacted)
             group = self._groups[(partition, index)] = self.layout.group(fs, self.snapshot)
         return group
 
@@ -292,7 +292,7 @@ class MetadataTable:
     def _plan_logs(self, time: str, encoded: Mapping[str, Entries],
                    token: str | None = None) -> list[tuple[str, LogFile, Entries]]:
         """(partition, log name, entries) of each file group the entries go to."""
-        compactions = Snapshot.of(self.timeline, None if self.standalone else self.authority).compactions
+        compacted = Snapshot.of(self.timeline, None if self.standalone else self.authority).compacted
         pending = pending_compaction_plans(self.timeline, None if self.standalone else self.authority)
         planned = []
         for partition, entries in encoded.items():
@@ -300,7 +300,7 @@ class MetadataTable:
             order = np.argsort(groups, kind="stable")
             bounds = np.flatnonzero(np.diff(groups[order])) + 1
             runs = {int(groups[run[0]]): run for run in np.split(order, bounds) if len(run)}
-            names = self.layout.next_logs(partition, runs, time, compactions, pending, token)
+            names = self.layout.next_logs(partition, runs, time, compacted, pending, token)
             for index, run in sorted(runs.items()):
                 planned.append((partition, names[index], entries.take(run)))
         return planned
@@ -335,10 +335,33 @@ class MetadataTable:
         return time
 
     def maintain(self) -> None:
-        """Compact what is due, then clean; called after commits."""
+        """Compact what is due, then clean and archive; called after commits."""
         report = self.compact()
         if report.instant:
             self.clean()
+        self.archive()
+
+    def archive(self) -> int:
+        """Move the oldest completed instants into the archive once the timeline holds more than
+        `metadata.archive.max_instants`, down to `metadata.archive.min_instants`; returns how many moved. The
+        run stops at the first pending instant of either timeline: a data write rolled back after its metadata
+        deltacommit completed undoes it through the instant (`MetadataUndo`), which must still be active."""
+        with self.lock.held():
+            active = self.timeline.instants()
+            if len(active) <= self.options["metadata.archive.max_instants"]:
+                return 0
+            pending = [i.time for i in (*active, *self.authority.instants()) if not i.is_completed]
+            stop = min(pending, default=None)
+            run = []
+            for instant in active[:len(active) - self.options["metadata.archive.min_instants"]]:
+                if not instant.is_completed or (stop is not None and instant.time >= stop):
+                    break
+                run.append(instant)
+            if run:
+                self.timeline.archive_run(run, lambda carried, archived: carried)
+        if run:
+            log.info("archived %d metadata instants (%s to %s)", len(run), run[0].time, run[-1].time)
+        return len(run)
 
     def _encode(self, partition: str, records: Mapping[str, Record | None] | Entries) -> Entries:
         """The records as encoded entries (None: a tombstone); entries pass through."""
@@ -376,7 +399,7 @@ class MetadataTable:
         names = self.layout.listing(partition)
         out = {}
         for index, group_keys in group_by_bucket(keys, self.partitions[partition]):
-            group = self.layout.group(self.layout.slice(partition, index, names, snapshot.compactions), snapshot)
+            group = self.layout.group(self.layout.slice(partition, index, names, snapshot.compacted), snapshot)
             for key in group_keys:
                 record = group.get_raw(key)
                 if record is not None:

@@ -10,13 +10,13 @@ clean or the next writer's recovery, so nothing it planned is left behind unrefe
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from metatable.commit.conflicts import Committer
 from metatable.commit.context import TableContext
 from metatable.commit.data_commit import Commit, commit, completed_at, files_record
 from metatable.commit.index_records import cleaned_bases, removed_bases_records
-from metatable.commit.leftovers import sweep
+from metatable.commit.leftovers import sweep_if_due
 from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET, BaseFile
 from metatable.file_group.file_slice import parse_names
@@ -30,11 +30,10 @@ log = logging.getLogger(__name__)
 
 def clean(context: TableContext) -> str | None:
     """Run a due clean; when one ran, also sweep what dead processes left (`commit.leftovers.sweep`: staging files,
-    markers, spilled input). The sweep walks the table, so it rides along with cleans, which come every
-    `clean.retain_commits` commits or so, not with every inline call after a commit."""
+    markers, spilled input) if the last sweep is `clean.sweep_every_s` old: the sweep walks the whole table."""
     run = run_due(context.transactions, service(context))
     if run.instant is not None:
-        sweep(context)
+        sweep_if_due(context)
     return run.instant.time if run.instant else None
 
 
@@ -59,7 +58,7 @@ def file_id_of(name: str) -> str:
     return LogFile.parse(name).file_id if LogFile.is_log_name(name) else BaseFile.parse(name).file_id
 
 
-def settled_instants(context: TableContext, retain: int) -> tuple[set[str], str] | None:
+def settled_instants(context: TableContext, retain: int) -> tuple[Callable[[str], bool], str] | None:
     """The completed data instants whose slices every reader that clean protects reads (or newer ones), and
     the oldest time whose snapshot stays readable once the slices they supersede go (`readable_from`: the
     newest of them); None when nothing is settled.
@@ -69,24 +68,32 @@ def settled_instants(context: TableContext, retain: int) -> tuple[set[str], str]
     `retain` more instants completed after it (a read that began before it completed still reads them).
     Settled are the instants that completed before all of them and are older than every one of them (time
     travel to any retained instant picks their slices or newer). Inflight writes and pending indexings read
-    a snapshot of their own: nothing they may read is settled."""
-    completed = context.timeline.completed(DATA_ACTIONS)
-    if len(completed) <= retain:
+    a snapshot of their own: nothing they may read is settled. The archive carries when its newest data
+    instants completed (`services.archival`); the older archived ones are settled."""
+    timeline = context.timeline
+    completed = timeline.completed(DATA_ACTIONS)
+    archived = timeline.archived  # listed with `completed`
+    recent = [(at, time) for time, at in archived.carried.get("completions", [])]
+    known = [(completed_at(context, i), i.time) for i in completed] + recent
+    if len(known) <= retain:
         return None
-    by_completion = sorted(completed, key=lambda i: (completed_at(context, i), i.time))
-    oldest_retained = min(i.time for i in by_completion[-retain:])
-    settled = {i.time for i in by_completion[:-retain] if i.time <= oldest_retained}
+    by_completion = sorted(known)
+    oldest_retained = min(time for _, time in by_completion[-retain:])
+    settled = {time for _, time in by_completion[:-retain] if time <= oldest_retained}
+    floor = min([time for _, time in recent], default=archived.until)  # archived before the carried ones: settled
+    older = (lambda time: time < floor) if recent else archived.holds
     seen = seen_by_inflight_writes(context)
-    if seen is not None:  # an inflight write reads the slices its view saw
-        settled &= seen
-    for indexing in context.timeline.pending([Action.INDEXING]):  # an indexing builds from its snapshot
-        up_to = (context.timeline.plan(indexing) or {}).get("up_to")
+    if seen is not None:  # an inflight write reads the slices its view saw (archival kept what it did not see)
+        settled = {time for time in settled if time in seen or archived.holds(time)}
+    for indexing in timeline.pending([Action.INDEXING]):  # an indexing builds from its snapshot
+        up_to = (timeline.plan(indexing) or {}).get("up_to")
         if up_to:
             log.info("clean keeps the snapshot as of %s for pending indexing %s", up_to, indexing.time)
             settled = {t for t in settled if t <= up_to}
+            floor, older = min(floor, up_to), (lambda time: time < floor)
     if not settled:
         return None
-    return settled, max(settled)
+    return (lambda time: time in settled or older(time)), max(settled)
 
 
 def service(context: TableContext) -> Service[None]:
@@ -97,7 +104,7 @@ def service(context: TableContext) -> Service[None]:
         settled, readable_from = found
         doomed: dict[str, list[str]] = {}
         view = context.view()
-        gone = {(p, fid) for instant, meta in view.replacements if instant.time in settled
+        gone = {(p, fid) for instant, meta in view.replacements if settled(instant.time)
                 for p, ids in meta.get("replaced", {}).items() for fid in ids}  # no retained instant reads them
         for partition, names in view.live_files.items():
             bases, logs = parse_names(names, PARQUET)
@@ -106,7 +113,7 @@ def service(context: TableContext) -> Service[None]:
                 doomed.setdefault(partition, []).extend(here)
             for file_id in {b.file_id for b in bases} - {fid for p, fid in gone if p == partition}:
                 mine = [b for b in bases if b.file_id == file_id]
-                readable = [b.instant for b in mine if b.instant in settled]
+                readable = [b.instant for b in mine if settled(b.instant)]
                 if not readable:
                     continue
                 floor = max(readable)  # the oldest slice a protected reader reads: older ones are unreachable

@@ -1,14 +1,14 @@
 """What runs after a commit: the metadata table's own compaction and clean, and the data table's inline
 services: compaction of the file groups whose logs passed a trigger (`compaction.trigger.*`,
 `compaction.mode`; or of every file group, `compaction.inline_every`), clustering (`clustering.inline_every`)
-and clean (`clean.inline`). A table left alone with default options keeps its file slices short."""
+and clean (`clean.inline`); then timeline archival (`archive.*`). A table left alone with default options keeps its file slices short."""
 from __future__ import annotations
 
 import logging
 
 from metatable.commit.context import TableContext
 from metatable.errors import ConflictError
-from metatable.services import clean, clustering, compaction
+from metatable.services import archival, clean, clustering, compaction
 from metatable.timeline.instant import DATA_ACTIONS, WRITE_ACTIONS, Action
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ def run_due_services(context: TableContext, action: Action, instant: str | None)
             log.warning("inline clustering did not complete: %s", e)
     if options["clean.inline"]:
         clean.clean(context)
+    archival.archive(context)
 
 
 def compact_what_is_due(context: TableContext, instant: str) -> None:

@@ -43,6 +43,16 @@ class TablePaths:
         return os.path.join(self.meta, "timeline")
 
     @property
+    def archive(self) -> str:
+        """Completed instants moved out of the timeline (`timeline.archive`)."""
+        return os.path.join(self.meta, "archive")
+
+    @property
+    def last_sweep(self) -> str:
+        """When the last sweep of leftovers ran (`commit.leftovers`)."""
+        return os.path.join(self.meta, "last_sweep.json")
+
+    @property
     def heartbeats(self) -> str:
         return os.path.join(self.meta, "heartbeats")
 

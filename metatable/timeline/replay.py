@@ -13,8 +13,7 @@ def live_files(timeline: Timeline, paths: TablePaths, storage: Storage) -> tuple
     """Partition -> {file name: size} of every file that completed data instants added and completed cleans
     have not deleted; and those of them that are missing."""
     listed: dict[str, dict[str, None]] = {}
-    for instant in timeline.completed([*DATA_ACTIONS, Action.CLEAN]):
-        meta = timeline.read_json(instant)
+    for instant, meta in timeline.history([*DATA_ACTIONS, Action.CLEAN]):
         if instant.action is Action.CLEAN:
             for partition, names in meta.get("deleted", {}).items():
                 for name in names:

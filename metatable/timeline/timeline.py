@@ -11,15 +11,17 @@ import datetime as dt
 import logging
 import os
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import fastavro
 
 from avro_schemas import schema
 
 from metatable.errors import InvalidInputError, TimelineError
+from metatable.faults import crash_point
 from metatable.storage.base import Storage, is_temporary
 from metatable.storage.paths import TablePaths
+from metatable.timeline.archive import Archive, ArchiveSummary, Carry, Content
 from metatable.timeline.heartbeat import Heartbeat, is_expired
 from metatable.timeline.instant import Action, Instant, State, next_time, time_from_datetime, validate_time
 from metatable.timeline.lock import TableLock
@@ -42,16 +44,19 @@ class Timeline:
         self.root = root
         self.dir = paths.timeline
         self.heartbeat_dir = paths.heartbeats
+        self.archive = Archive(storage, paths.archive)
         self.lock = lock or TableLock(paths.lock)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_misses = heartbeat_misses
-        # the last listing that passed its checks, and its instants: a write lists the timeline dozens of times,
-        # mostly unchanged, so an equal listing is not parsed again (the horizon only moves on)
-        self._last_listing: tuple[list[str], list[Instant]] | None = None
+        # the last listing that passed its checks, its instants and the archive's summary read after it: a write
+        # lists the timeline dozens of times, mostly unchanged, so an equal listing is not parsed again (and
+        # the summary read then still holds: an archival deletes instants only after it replaced the summary)
+        self._last_listing: tuple[list[str], list[Instant], ArchiveSummary] | None = None
 
     # -- reading -------------------------------------------------------------------------------
     def instants(self) -> list[Instant]:
-        """Each instant in its latest state, oldest first. Refused with a TimelineError naming the file: one dated
+        """Each instant of the active timeline in its latest state, oldest first (`archived` holds the
+        instants before it). Refused with a TimelineError naming the file: one dated
         in the future (beyond FUTURE_ALLOWANCE of clock skew: taken as real, it would date every later instant
         after it), and a state without the states before it (every instant is requested, then started, then
         completed, and its files are removed latest first, so only a forged or half-copied one lacks them). A
@@ -64,8 +69,9 @@ class Timeline:
                 return list(cached[1])
             latest, gap = self._listing(names)
             if gap is None:
-                instants = sorted(latest.values())
-                self._last_listing = (names, instants)
+                summary = self.archive.summary()  # after the listing: see the module docstring of `archive`
+                instants = [i for i in sorted(latest.values()) if not summary.holds(i.time)]  # archived, not yet removed
+                self._last_listing = (names, instants, summary)
                 return list(instants)
             if attempt < LISTINGS:
                 time.sleep(0.01 * attempt)
@@ -99,6 +105,15 @@ class Timeline:
                     return latest, (instant, state)
         return latest, None
 
+    @property
+    def archived(self) -> ArchiveSummary:
+        """How far the timeline was archived at the last listing: an instant at or before its `until` that the
+        listing lacks completed (or never existed), and its files are as visible as a completed instant's."""
+        if self._last_listing is None:
+            self.instants()
+        assert self._last_listing is not None
+        return self._last_listing[2]
+
     def completed(self, actions: Iterable[Action] | None = None) -> list[Instant]:
         wanted = set(actions) if actions is not None else None
         return [i for i in self.instants() if i.is_completed and (wanted is None or i.action in wanted)]
@@ -106,6 +121,18 @@ class Timeline:
     def pending(self, actions: Iterable[Action] | None = None) -> list[Instant]:
         wanted = set(actions) if actions is not None else None
         return [i for i in self.instants() if not i.is_completed and (wanted is None or i.action in wanted)]
+
+    def history(self, actions: Iterable[Action] | None = None) -> Iterator[tuple[Instant, Content]]:
+        """Every completed instant, archived ones first, each with its commit metadata (for replaying the whole
+        table: fsck, the metadata rebuild, `metatable timeline --all`)."""
+        wanted = set(actions) if actions is not None else None
+        active = self.completed(actions)
+        until = self.archived.until  # listed with `active`: the archive holds what the listing lacks
+        for instant, content in self.archive.read(last=until):
+            if wanted is None or instant.action in wanted:
+                yield instant, content
+        for instant in active:
+            yield instant, self.read_json(instant)
 
     def get(self, time: str, action: Action | None = None) -> Instant | None:
         validate_time(time)
@@ -145,7 +172,8 @@ class Timeline:
     # -- writing (callers hold the lock where the docstring says so) ------------------------------
     def new_time(self, *others: Timeline) -> str:
         """A time later than every instant here and on `others`; call under the lock."""
-        last = max((t for t in [self.last_time(), *(o.last_time() for o in others)] if t), default=None)
+        last = max((t for t in [self.last_time(), self.archived.until, *(o.last_time() for o in others)] if t),
+                   default=None)
         return next_time(last)
 
     def request(self, action: Action, time: str | None = None, plan: dict[str, Any] | None = None,
@@ -195,6 +223,26 @@ class Timeline:
         for state in (State.COMPLETED, State.INFLIGHT, State.REQUESTED):
             self.storage.delete(os.path.join(self.dir, instant.to(state).file_name))
         self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
+
+    def archive_run(self, run: list[Instant], carry: Carry) -> ArchiveSummary:
+        """Move a completed run of instants (the oldest of the active timeline, oldest first) into the archive;
+        under the lock. What the owner keeps of them for readers of the latest snapshot is `carry`'s."""
+        with self.lock.held():
+            self.finish_archival()
+            contents: list[tuple[Instant, Content]] = [(i, self.read_json(i)) for i in run]
+            summary = self.archive.append(contents, carry)
+            for instant in run:
+                self.remove(instant)
+                crash_point("timeline.archive.remove")
+            self.archive.merge_levels()
+            return summary
+
+    def finish_archival(self) -> None:
+        """Delete the state files of archived instants that an archival which died left in the timeline."""
+        until = self.archive.summary().until
+        for name in self.storage.list(self.dir):
+            if not is_temporary(name) and not name.startswith(".") and name[:17] <= until:
+                self.storage.delete(os.path.join(self.dir, name))
 
     def _write(self, instant: Instant, content: dict[str, Any] | None) -> None:
         if content is None:

@@ -59,12 +59,15 @@ class Txn:
     version: int
 
     def applied_by(self, context: TableContext) -> str | None:
-        """The completed commit that applied this version or a later one of the application, if any."""
-        for instant in reversed(context.timeline.completed(WRITE_ACTIONS)):
-            txn = context.timeline.read_json(instant).get("txn")
+        """The completed commit that applied this version or a later one of the application, if any (the
+        archive carries each application's last, for one that has not written lately)."""
+        timeline = context.timeline
+        for instant in reversed(timeline.completed(WRITE_ACTIONS)):
+            txn = timeline.read_json(instant).get("txn")
             if txn and txn["app"] == self.app:
                 return instant.time if txn["version"] >= self.version else None
-        return None
+        version, time = timeline.archived.carried.get("txns", {}).get(self.app, (-1, None))
+        return time if version >= self.version else None
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def full(root: str) -> None:
     t = mt.Table.create(path, SCHEMA, ["id"], ["p"], "ts", index=mt.IndexConfig(num_buckets=2), options=OPTIONS)
     model, rng = TableModel(True), random.Random(7)
     for step in range(200):
-        rows = batch(rng, step * 300 % 3000, 1500, step)
+        rows = batch(rng, step * 1500, 1500, step)  # new keys: the table grows until the disk is full
         if report(f"upsert {step}", lambda: t.upsert(pa.Table.from_pylist(rows, schema=SCHEMA))) is None:
             break
         model.apply("upsert", rows)

@@ -1,0 +1,233 @@
+"""Timeline archival (issue 37): completed instants move into the archive; reads, time travel, services,
+idempotent writes and crashes behave as if they had stayed."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import metatable as mt
+from metatable.errors import InvalidInputError, SnapshotExpiredError
+from metatable.timeline.archive import FAN_IN, Archive, ArchiveFile
+from metatable.timeline.instant import Action, Instant
+from metatable.write.write_client import Txn
+
+from .archive_child import commit_rows
+from .table_model import SCHEMA, TableModel, sort_rows
+
+SMALL = {"archive.max_instants": 8, "archive.min_instants": 4, "clean.retain_commits": 3,
+         "metadata.archive.max_instants": 8, "metadata.archive.min_instants": 4}
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def new_table(tmp_path, name="t", **options) -> mt.Table:
+    return mt.Table.create(str(tmp_path / name), SCHEMA, ["id"], ["p"], "ts", index=mt.IndexConfig(num_buckets=2),
+                           options={**SMALL, **options})
+
+
+def upsert(t: mt.Table, model: TableModel, rows: list[dict], **kwargs) -> str:
+    done = t.upsert(pa.Table.from_pylist(rows, schema=SCHEMA), **kwargs)
+    model.apply("upsert", rows)
+    return done.instant
+
+
+def archived(t: mt.Table) -> list[Instant]:
+    active = set(t.timeline())
+    return [i for i in t.timeline(archived=True) if i not in active]
+
+
+# -- the archive's files -------------------------------------------------------------------------------------
+def test_archive_file_names_round_trip_and_bad_ones_are_refused():
+    f = ArchiveFile("20260101000000000", "20260102000000000", 2)
+    assert f.file_name == "20260101000000000_20260102000000000_2.archive"
+    assert ArchiveFile.parse(f.file_name) == f
+    with pytest.raises(mt.MetatableError, match="bad archive file name"):
+        ArchiveFile.parse("20260101000000000_2.archive")
+
+
+def test_archive_runs_are_read_back_in_order_and_levels_merge_once_fan_in_files_share_one(tmp_path):
+    from metatable.storage.local import LocalStorage
+    archive = Archive(LocalStorage(), str(tmp_path / "archive"))
+    times = [f"2026010100{n:05d}000"[:17] for n in range(FAN_IN * 2 + 1)]
+    for n, time in enumerate(times):
+        archive.append([(Instant(time, Action.DELTACOMMIT), {"n": n})], lambda carried, run: {
+            "count": carried.get("count", 0) + len(run)})
+        archive.merge_levels()
+    assert [(i.time, c) for i, c in archive.read()] == [(t, {"n": n}) for n, t in enumerate(times)]
+    assert archive.summary().until == times[-1] and archive.summary().carried == {"count": len(times)}
+    levels = sorted(f.level for f in archive.all_files())
+    assert levels == [0, 1, 1], "two full levels of 0 merged into level 1; the last file waits"
+    assert archive.find(times[5]) == Instant(times[5], Action.DELTACOMMIT)
+    assert archive.find("20250101000000000") is None
+
+
+# -- tables -----------------------------------------------------------------------------------------------------
+def test_a_long_lived_table_keeps_its_active_timeline_bounded_and_reads_every_retained_instant(tmp_path):
+    t, model = new_table(tmp_path, **{"clean.retain_commits": 12}), TableModel(True)
+    states = {}
+    for i in range(40):
+        time = upsert(t, model, commit_rows(i))
+        states[time] = model.expected()
+    assert len(t.timeline()) <= 2 * 12, "the active timeline keeps the 12 retained commits and little else"
+    moved = archived(t)
+    assert moved and all(i.is_completed for i in moved)
+    mdt = t.context.metadata.timeline
+    assert len(mdt.instants()) <= SMALL["metadata.archive.max_instants"] + 1 and mdt.archived.until > "0"
+    assert sort_rows(t.to_arrow().to_pylist()) == model.expected()
+    readable_from = t.context.view().readable_from
+    retained = [time for time in states if time >= readable_from]
+    assert any(mt_time <= t.context.timeline.archived.until for mt_time in retained), \
+        "some readable instants are archived: time travel reads them from the archive"
+    for time in retained:
+        assert sort_rows(t.to_arrow(as_of=time).to_pylist()) == states[time], time
+    assert t.fsck().healthy
+    keys = pa.Table.from_pylist([{"id": r["id"], "p": r["p"]} for r in model.expected()[:5]])
+    assert t.get(keys).num_rows == 5
+
+
+def test_time_travel_to_an_archived_instant_that_clean_removed_is_refused_clearly(tmp_path):
+    t, model = new_table(tmp_path), TableModel(True)
+    first = upsert(t, model, commit_rows(0))
+    for i in range(1, 30):
+        upsert(t, model, commit_rows(i))
+    assert first <= t.context.timeline.archived.until
+    with pytest.raises(SnapshotExpiredError, match="clean removed files"):
+        t.to_arrow(as_of=first)
+    with pytest.raises(InvalidInputError, match="not a completed instant"):
+        t.to_arrow(as_of="20000101000000000")
+
+
+def test_an_idempotent_writer_whose_last_commit_was_archived_is_still_skipped(tmp_path):
+    t, model = new_table(tmp_path), TableModel(True)
+    first = upsert(t, model, commit_rows(0), txn=Txn("stream-1", 5))
+    for i in range(1, 30):
+        upsert(t, model, commit_rows(i))
+    assert first <= t.context.timeline.archived.until
+    again = t.upsert(pa.Table.from_pylist(commit_rows(99), schema=SCHEMA), txn=Txn("stream-1", 5))
+    assert again.instant == first and again.inserted == again.updated == 0
+    assert sort_rows(t.to_arrow().to_pylist()) == model.expected()
+
+
+def test_a_rehash_that_was_archived_keeps_its_bucket_count(tmp_path):
+    t, model = new_table(tmp_path), TableModel(True)
+    for i in range(5):
+        upsert(t, model, commit_rows(i))
+    rehash = t.cluster(num_buckets=4)
+    for i in range(5, 40):
+        upsert(t, model, commit_rows(i))
+    assert rehash <= t.context.timeline.archived.until
+    ids = {fid for (_, fid) in t.file_slices()}
+    assert len(ids) == 8, ids  # 4 buckets in each of 2 partitions, none of the old count back
+    assert sort_rows(t.to_arrow().to_pylist()) == model.expected()
+
+
+def test_timeline_all_lists_the_archived_instants_too(tmp_path, capsys):
+    from metatable.cli import main
+    t, model = new_table(tmp_path), TableModel(True)
+    for i in range(20):
+        upsert(t, model, commit_rows(i))
+    main(["timeline", t.path])
+    short = capsys.readouterr().out
+    assert "(archived)" not in short and "are archived: --all lists them" in short
+    main(["timeline", "--all", t.path])
+    full = capsys.readouterr().out
+    assert full.count("(archived)") == len(archived(t)) > 0
+    assert full.count("deltacommit") == 20
+
+
+# -- the model, with services and time travel -------------------------------------------------------------------
+ops = st.lists(st.one_of(
+    st.tuples(st.just("upsert"), st.integers(0, 200)),
+    st.tuples(st.just("delete"), st.integers(0, 200)),
+    st.tuples(st.sampled_from(["compact", "cluster", "clean"]), st.just(0))), min_size=15, max_size=35)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=ops)
+def test_archival_interleaved_with_writes_and_services_matches_the_model(tmp_path_factory, ops):
+    t = new_table(tmp_path_factory.mktemp("archive"), **{"clean.retain_commits": 6})
+    model, states = TableModel(True), {}
+    for n, (op, seed) in enumerate(ops):
+        if op == "upsert":
+            time = upsert(t, model, commit_rows(seed + n))
+            states[time] = model.expected()
+        elif op == "delete":
+            rows = commit_rows(seed)
+            result = t.delete(pa.Table.from_pylist(rows, schema=SCHEMA).select(["id", "p"]))
+            model.apply("delete", rows)
+            states[result.instant] = model.expected()
+        elif op == "compact":
+            t.compact()
+        elif op == "cluster":
+            t.cluster()
+        else:
+            t.clean()
+    assert sort_rows(t.to_arrow().to_pylist()) == model.expected()
+    assert t.context.timeline.archived.until > "0" or len(t.timeline()) <= SMALL["archive.max_instants"]
+    readable_from = t.context.view().readable_from
+    for time, expected in states.items():
+        if time >= readable_from:
+            assert sort_rows(t.to_arrow(as_of=time).to_pylist()) == expected, time
+    assert t.fsck().healthy
+
+
+# -- crashes ---------------------------------------------------------------------------------------------------
+def run_child(root: str, first: int, count: int, crash_at: str | None) -> int:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    if crash_at:
+        env["METATABLE_CRASH_AT"] = crash_at
+    return subprocess.run([sys.executable, "-m", "tests.metatable.archive_child", root, str(first), str(count),
+                           json.dumps(SMALL)], cwd=ROOT, env=env, capture_output=True, timeout=300).returncode
+
+
+@pytest.mark.parametrize("point", ["timeline.archive.file", "timeline.archive.file:2", "timeline.archive.summary",
+                                   "timeline.archive.summary:2", "timeline.archive.remove:3", "timeline.archive.merge"])
+def test_a_process_killed_while_archiving_loses_nothing_and_the_next_archival_finishes(tmp_path, point):
+    """Killed at each step of an archival (the data table's and its metadata table's share the steps; the
+    n-th time a point is reached is the one or the other), the next process finishes it."""
+    t = new_table(tmp_path)
+    crashes = 0
+    first = 0
+    while first < 120 and crashes < 2:
+        code = run_child(t.path, first, 120 - first, point)
+        crashes += code == -signal.SIGKILL
+        assert code in (0, -signal.SIGKILL)
+        first = len([i for i in mt.Table.open(t.path).timeline(archived=True)
+                     if i.action is Action.DELTACOMMIT and i.is_completed])
+    assert crashes, f"{point} was reached"
+    assert run_child(t.path, first, 10, None) == 0
+    table = mt.Table.open(t.path)
+    commits = [i for i in table.timeline(archived=True) if i.action is Action.DELTACOMMIT]
+    model = TableModel(True)
+    states = {}
+    for n, instant in enumerate(commits):
+        model.apply("upsert", commit_rows(n))
+        states[instant.time] = model.expected()
+    assert len(commits) == first + 10
+    assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
+    readable_from = table.context.view().readable_from
+    for time, expected in states.items():
+        if time >= readable_from:
+            assert sort_rows(table.to_arrow(as_of=time).to_pylist()) == expected, time
+    assert len(table.timeline()) <= SMALL["archive.max_instants"] + 1
+    report = table.fsck()
+    assert report.healthy, report.problems
+
+
+def test_a_damaged_archive_file_is_named_and_the_active_timeline_still_reads(tmp_path):
+    t, model = new_table(tmp_path), TableModel(True)
+    for i in range(20):
+        upsert(t, model, commit_rows(i))
+    archive = t.context.timeline.archive
+    damaged = os.path.join(archive.dir, archive.all_files()[0].file_name)
+    with open(damaged, "r+b") as f:
+        f.write(b"not avro at all")
+    with pytest.raises(mt.MetatableError, match=os.path.basename(damaged)):
+        t.timeline(archived=True)
+    assert sort_rows(mt.Table.open(t.path).to_arrow().to_pylist()) == model.expected()
