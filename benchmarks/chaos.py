@@ -44,7 +44,9 @@ from metatable.timeline.instant import DATA_ACTIONS  # noqa: E402
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.string()), ("ts", pa.int64())])
 OPTIONS = {"heartbeat.interval_s": 0.2, "heartbeat.tolerable_misses": 5, "clean.retain_commits": 4,
            "write.target_file_size": 256 << 10, "clustering.small_file_limit": 128 << 10,
-           "clustering.updates": "abort_clustering"}
+           "clustering.updates": "abort_clustering",  # and a short active timeline, so archivals die too
+           "archive.max_instants": 16, "archive.min_instants": 8, "metadata.archive.max_instants": 16,
+           "metadata.archive.min_instants": 8}
 WRITERS = 3
 OWN_KEYS = 400  # writer i mostly writes keys [i * OWN_KEYS, (i + 1) * OWN_KEYS), as a pipeline would
 SHARED = range(WRITERS * OWN_KEYS, WRITERS * OWN_KEYS + 100)  # and some keys every writer writes
@@ -310,12 +312,10 @@ def final_checks(path: str, journals: str) -> dict[str, Any]:
     fsck = table.fsck()
     committed: dict[tuple[str, int], tuple[int, str]] = {}
     commits = 0
-    for instant in table.timeline():
-        if instant.is_completed and instant.action in DATA_ACTIONS:
-            commits += 1
-            meta = table.context.timeline.read_json(instant)
-            if "txn" in meta:
-                committed[(meta["txn"]["app"], meta["txn"]["version"])] = (meta["completed_at"], instant.time)
+    for instant, meta in table.context.timeline.history(DATA_ACTIONS):  # archived instants too
+        commits += 1
+        if "txn" in meta:
+            committed[(meta["txn"]["app"], meta["txn"]["version"])] = (meta["completed_at"], instant.time)
     attempts, acked, lost, failures, acks = 0, 0, 0, Counter(), []
     applied: list[tuple[int, str, list[dict]]] = []
     for i in range(WRITERS):

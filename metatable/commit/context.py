@@ -16,7 +16,8 @@ from metatable.commit.data_undo import DataUndo
 from metatable.commit.index_states import read_states
 from metatable.commit.timeline_view import TimelineView
 from metatable.config import METADATA_PREFIXES
-from metatable.errors import ConfigError, CorruptFileError, MetatableError, TableExistsError, TableNotFoundError
+from metatable.errors import (ConfigError, CorruptFileError, MetatableError, MissingFileError, TableExistsError,
+                              TableNotFoundError)
 from metatable.formats.clustering_plan import RESIZE
 from metatable.metadata.table import MetadataTable, finish_swap
 from metatable.storage.base import Storage, read_json, write_json
@@ -61,10 +62,18 @@ class TableContext:
         it read (a drop changes the states first, then deletes the files), what it read of the index may be
         gone or missing: the read runs once more on a snapshot without that index, instead of answering from
         half-deleted files or failing with an error about a damaged metadata table. The check costs a read
-        of table.json after the read; a drop that changes the states after it deletes nothing this read saw."""
+        of table.json after the read; a drop that changes the states after it deletes nothing this read saw.
+        A metadata file that a metadata clean in another process removed while this read used it (the metadata
+        table keeps `metadata.clean.retain_file_slices` slices, not every reader's) is read again the same way,
+        from the newer slice that replaced it."""
         view = self.view(as_of)
         try:
             result = read(view)
+        except MissingFileError as e:
+            if not e.metadata:
+                raise
+            log.info("a metadata file was cleaned during a read of %s (%s): read again", self.root, e.path)
+            return read(self.view(as_of))
         except (MetatableError, FileNotFoundError):
             if not self.dropped_since(view):
                 raise

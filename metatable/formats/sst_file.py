@@ -151,7 +151,13 @@ class SstCache:
                 self._open.pop(name).close()
             if not os.path.isdir(entry):
                 self._build(path, entry)
-            db = Rdict(entry, options=_options(), access_type=AccessType.read_only())
+            try:
+                db = Rdict(entry, options=_options(), access_type=AccessType.read_only())
+            except Exception as e:
+                if "No such file or directory" not in str(e):
+                    raise
+                raise MissingFileError(path, "its read cache was removed while it opened (a clean in another "
+                                             "process); read it again", metadata=True) from None
             reader = SstReader(db, path)
             self._open[name] = reader
             while len(self._open) > self.max_open:

@@ -144,9 +144,18 @@ class Timeline:
         return max(times) if times else None
 
     def read_json(self, instant: Instant) -> dict[str, Any]:
-        """The plan (requested; Avro for the actions in AVRO_PLANS), or the commit metadata (completed)."""
+        """The plan (requested; Avro for the actions in AVRO_PLANS), or the commit metadata (completed; from the
+        archive when it was archived since it was listed)."""
         path = os.path.join(self.dir, instant.file_name)
-        raw = self.storage.read(path)
+        try:
+            raw = self.storage.read(path)
+        except FileNotFoundError:
+            if not instant.is_completed:
+                raise
+            archived = next((c for i, c in self.archive.read(instant.time, instant.time) if i == instant), None)
+            if archived is None:
+                raise
+            return archived  # archived since the caller listed it
         if not raw:
             return {}
         try:
