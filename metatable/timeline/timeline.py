@@ -135,9 +135,14 @@ class Timeline:
             yield instant, self.read_json(instant)
 
     def get(self, time: str, action: Action | None = None) -> Instant | None:
+        """The instant at `time` in its latest state, active or archived."""
         validate_time(time)
         found = [i for i in self.instants() if i.time == time and (action is None or i.action == action)]
-        return found[-1] if found else None
+        if found:
+            return found[-1]
+        if self.archived.holds(time):
+            return next((i for i, _ in self.archive.read(time, time) if action is None or i.action == action), None)
+        return None
 
     def last_time(self) -> str | None:
         times = [i.time for i in self.instants()]

@@ -32,7 +32,7 @@ def spawn(root, journal, n, crash_at=None, mode=""):
 
 def model_of_completed(root, journal) -> Model:
     mdt = MetadataTable.open(root)
-    done = {i.time for i in mdt.timeline.completed([Action.DELTACOMMIT])}
+    done = {i.time for i, _ in mdt.timeline.history([Action.DELTACOMMIT])}  # archived ones too
     model = Model()
     for line in open(journal).read().split("\n"):
         if line:
