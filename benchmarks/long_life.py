@@ -78,7 +78,8 @@ def stream(table: mt.Table, path: str, args: argparse.Namespace, workdir: str) -
     keys = int(args.rows * 1.2)
     rows = (spark.readStream.format("rate").option("rowsPerSecond", args.rows_per_second).load()
             .select((F.col("value") % keys).alias("id"),
-                    F.element_at(F.array(*[F.lit(d) for d in DAYS]), (F.col("value") % keys % len(DAYS) + 1).cast("int")).alias("day"),
+                    F.element_at(F.array(*[F.lit(d) for d in DAYS]),
+                                 (F.col("value") % keys % len(DAYS) + 1).cast("int")).alias("day"),
                     F.concat(F.lit("v"), F.col("value").cast("string")).alias("v"),
                     (F.col("value") + 1).alias("ts")))
     query = (rows.writeStream.foreachBatch(mt.StreamSink(path, "long_life"))

@@ -28,11 +28,11 @@ from metatable.commit.context import TableContext
 from metatable.commit.data_commit import completed_at
 from metatable.table_config import BUILDING
 from metatable.timeline.archive import Content
-from metatable.timeline.instant import DATA_ACTIONS, WRITE_ACTIONS, Action, Instant, datetime_from_time
+from metatable.timeline.instant import DATA_ACTIONS, WRITE_ACTIONS, Action, Instant, nanoseconds_of
 
 log = logging.getLogger(__name__)
 
-CLOCK_SKEW_NS = 60 * 10**9  # how far apart two writers' clocks may be when one's completion and the other's start are compared
+CLOCK_SKEW_NS = 60 * 10**9  # how far apart two writers' clocks may be (one's completion against another's start)
 
 
 def archive(context: TableContext) -> int:
@@ -55,7 +55,7 @@ def archivable(context: TableContext, active: list[Instant], keep: int) -> list[
     """The prefix of the active timeline that may move (see the module docstring)."""
     pending = [i for i in active if not i.is_completed]
     stop = min((i.time for i in context.metadata.timeline.pending()), default=None)
-    began_ns = min((nanoseconds(i.time) for i in pending), default=None)
+    began_ns = min((nanoseconds_of(i.time) for i in pending), default=None)
     readable_from = context.view().readable_from
     building = BUILDING in context.index_states().values()
     run = []
@@ -71,10 +71,6 @@ def archivable(context: TableContext, active: list[Instant], keep: int) -> list[
             break
         run.append(instant)
     return run
-
-
-def nanoseconds(time: str) -> int:
-    return int(datetime_from_time(time).timestamp() * 10**9)
 
 
 def carry(retain: int, carried: Content, run: list[tuple[Instant, Content]]) -> Content:

@@ -21,7 +21,7 @@ from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET, BaseFile
 from metatable.file_group.file_slice import parse_names
 from metatable.formats.log_file import LogFile
-from metatable.timeline.instant import DATA_ACTIONS, WRITE_ACTIONS, Action, Instant, datetime_from_time
+from metatable.timeline.instant import DATA_ACTIONS, WRITE_ACTIONS, Action, Instant, nanoseconds_of
 from metatable.timeline.lifecycle import Service, run_due
 from metatable.timeline.transaction import Content
 
@@ -49,7 +49,7 @@ def seen_by_inflight_writes(context: TableContext) -> set[str] | None:
     if not pending:
         return None
     start = min(pending)
-    start_ns = int(datetime_from_time(start).timestamp() * 1e9)
+    start_ns = nanoseconds_of(start)
     return {i.time for i in context.timeline.completed(DATA_ACTIONS)
             if i.time < start and completed_at(context, i) < start_ns}
 

@@ -1,7 +1,8 @@
 """What runs after a commit: the metadata table's own compaction and clean, and the data table's inline
 services: compaction of the file groups whose logs passed a trigger (`compaction.trigger.*`,
 `compaction.mode`; or of every file group, `compaction.inline_every`), clustering (`clustering.inline_every`)
-and clean (`clean.inline`); then timeline archival (`archive.*`). A table left alone with default options keeps its file slices short."""
+and clean (`clean.inline`); then timeline archival (`archive.*`). A table left alone with default options keeps
+its file slices short and its active timeline bounded."""
 from __future__ import annotations
 
 import logging

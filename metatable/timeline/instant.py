@@ -51,6 +51,11 @@ def datetime_from_time(time: str) -> dt.datetime:
     return moment + dt.timedelta(milliseconds=int(time[14:]))
 
 
+def nanoseconds_of(time: str) -> int:
+    """An instant time as nanoseconds since the epoch (what `completed_at` in commit metadata counts)."""
+    return int(datetime_from_time(time).timestamp() * 10**9)
+
+
 def next_time(after: str | None, now: dt.datetime | None = None) -> str:
     """The current UTC time, or one millisecond past `after` if the clock has not moved on."""
     candidate = time_from_datetime(now or dt.datetime.now(dt.timezone.utc))

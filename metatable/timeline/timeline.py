@@ -70,7 +70,8 @@ class Timeline:
             latest, gap = self._listing(names)
             if gap is None:
                 summary = self.archive.summary()  # after the listing: see the module docstring of `archive`
-                instants = [i for i in sorted(latest.values()) if not summary.holds(i.time)]  # archived, not yet removed
+                # an instant at or before `until` is archived (its state files not yet removed)
+                instants = [i for i in sorted(latest.values()) if not summary.holds(i.time)]
                 self._last_listing = (names, instants, summary)
                 return list(instants)
             if attempt < LISTINGS:
