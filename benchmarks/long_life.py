@@ -96,7 +96,7 @@ def stream(table: mt.Table, path: str, args: argparse.Namespace, workdir: str) -
             batches = [p["durationMs"].get("addBatch", 0) / 1000 for p in progress[seen:] if p["numInputRows"]]
             seen = len(progress)
             shown, got = figures(table, path, rng.sample(range(args.rows), 10))
-            emit(mode="stream", elapsed_s=round(time.monotonic() - started), commits=len(table.timeline(archived=True)),
+            emit(mode="stream", elapsed_s=round(time.monotonic() - started), instants=len(table.timeline(archived=True)),
                  seconds=round(statistics.median(batches), 5) if batches else None, **shown)
             if got != 10:
                 print(f"get of 10 present keys returned {got} rows", file=sys.stderr)
