@@ -66,7 +66,7 @@ def timeline_root(path: str) -> str:
 def cmd_timeline(args: argparse.Namespace) -> None:
     tl = Timeline(LocalStorage(), timeline_root(args.path))
     instants = tl.instants()
-    archived = [i for i, _ in tl.archive.read(last=tl.archived.until)] if args.all else []
+    archived = tl.archived_instants() if args.all else []
     if not instants and not archived:
         print("(empty timeline)")
     for i in archived:

@@ -116,7 +116,7 @@ OPTIONS: dict[str, Option] = {
         Option("archive.max_instants", int, 60,
                "once the active timeline holds more instants than this, the oldest completed ones move into the "
                "archive (after a commit, with clean); every write lists and reads the active timeline, so this "
-               "bounds its cost: measured in `benchmarks/long_life.py`, flat from 1,000 to 20,000 commits "
+               "bounds its cost: measured in `benchmarks/long_life.py`, flat from 500 to 2,000 commits "
                "(docs/design-notes.md)", minimum=2),
         Option("archive.min_instants", int, 30,
                "archival leaves at least this many instants active (and every instant that a pending one or "

@@ -93,8 +93,7 @@ class Table:
         completed: archival moves only completed instants)."""
         timeline = self.context.timeline
         active = timeline.instants()
-        older = [i for i, _ in timeline.archive.read(last=timeline.archived.until)] if archived else []
-        return older + active
+        return (timeline.archived_instants() if archived else []) + active
 
     # -- writes -------------------------------------------------------------------------------------
     @writes

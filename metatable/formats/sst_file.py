@@ -111,15 +111,24 @@ class SstReader:
         try:
             yield
         except Exception as e:
-            if "No such file or directory" in str(e):  # another process's clean removed the read cache
-                raise MissingFileError(self.path, "its read cache was removed while in use (a clean in another "
-                                                  "process); read it again", metadata=True) from None
+            if removed_while_in_use(e):
+                raise cache_removed(self.path) from None
             if "Corruption" not in str(e):
                 raise
             raise CorruptFileError(self.path, str(e), metadata=True) from None
 
     def close(self) -> None:
         self._db.close()
+
+
+def removed_while_in_use(error: Exception) -> bool:
+    """Whether RocksDB failed because another process's clean removed a read cache it was opening or reading."""
+    return "No such file or directory" in str(error)
+
+
+def cache_removed(path: str) -> MissingFileError:
+    return MissingFileError(path, "its read cache was removed while in use (a clean in another process); read it "
+                                  "again", metadata=True)
 
 
 class SstCache:
@@ -154,10 +163,9 @@ class SstCache:
             try:
                 db = Rdict(entry, options=_options(), access_type=AccessType.read_only())
             except Exception as e:
-                if "No such file or directory" not in str(e):
+                if not removed_while_in_use(e):
                     raise
-                raise MissingFileError(path, "its read cache was removed while it opened (a clean in another "
-                                             "process); read it again", metadata=True) from None
+                raise cache_removed(path) from None
             reader = SstReader(db, path)
             self._open[name] = reader
             while len(self._open) > self.max_open:

@@ -346,6 +346,8 @@ class MetadataTable:
         `metadata.archive.max_instants`, down to `metadata.archive.min_instants`; returns how many moved. The
         run stops at the first pending instant of either timeline: a data write rolled back after its metadata
         deltacommit completed undoes it through the instant (`MetadataUndo`), which must still be active."""
+        if len(self.timeline.instants()) <= self.options["metadata.archive.max_instants"]:  # no lock taken
+            return 0
         with self.lock.held():
             active = self.timeline.instants()
             if len(active) <= self.options["metadata.archive.max_instants"]:

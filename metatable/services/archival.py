@@ -1,7 +1,6 @@
 """Timeline archival of a data table: after a commit, once the active timeline holds more than
 `archive.max_instants` instants, its oldest completed ones move into the archive (`timeline.archive`), down to
-`archive.min_instants`, so every step that lists or reads the active timeline costs the same in a table's
-tenth year as in its first week.
+`archive.min_instants`, so no step that lists or reads the active timeline grows with the table's age.
 
 An instant in the archive counts as completed wherever visibility is decided (its files, its metadata
 records, its schema version). The run archived is a prefix of the active timeline that stops at the first
@@ -39,6 +38,8 @@ def archive(context: TableContext) -> int:
     """Archive what is due; returns how many instants moved."""
     options = context.config.options
     timeline = context.timeline
+    if len(timeline.instants()) <= options["archive.max_instants"]:  # most commits: no lock taken
+        return 0
     with context.transactions.lock.held():
         active = timeline.instants()
         if len(active) <= options["archive.max_instants"]:

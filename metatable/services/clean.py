@@ -80,8 +80,9 @@ def settled_instants(context: TableContext, retain: int) -> tuple[Callable[[str]
     by_completion = sorted(known)
     oldest_retained = min(time for _, time in by_completion[-retain:])
     settled = {time for _, time in by_completion[:-retain] if time <= oldest_retained}
-    floor = min([time for _, time in recent], default=archived.until)  # archived before the carried ones: settled
-    older = (lambda time: time < floor) if recent else archived.holds
+    # archived instants older than the carried completions are settled, up to what pending indexings read
+    older_than = min([time for _, time in recent], default=None)
+    up_to_all = None
     seen = seen_by_inflight_writes(context)
     if seen is not None:  # an inflight write reads the slices its view saw (archival kept what it did not see)
         settled = {time for time in settled if time in seen or archived.holds(time)}
@@ -90,10 +91,15 @@ def settled_instants(context: TableContext, retain: int) -> tuple[Callable[[str]
         if up_to:
             log.info("clean keeps the snapshot as of %s for pending indexing %s", up_to, indexing.time)
             settled = {t for t in settled if t <= up_to}
-            floor, older = min(floor, up_to), (lambda time: time < floor)
+            up_to_all = min(up_to_all or up_to, up_to)
     if not settled:
         return None
-    return (lambda time: time in settled or older(time)), max(settled)
+
+    def is_settled(time: str) -> bool:
+        return time in settled or (archived.holds(time) and (older_than is None or time < older_than)
+                                   and (up_to_all is None or time <= up_to_all))
+
+    return is_settled, max(settled)
 
 
 def service(context: TableContext) -> Service[None]:

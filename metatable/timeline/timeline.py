@@ -135,6 +135,11 @@ class Timeline:
         for instant in active:
             yield instant, self.read_json(instant)
 
+    def archived_instants(self) -> list[Instant]:
+        """The archived instants (all completed), oldest first: what `metatable timeline --all` lists before
+        the active ones."""
+        return [instant for instant, _ in self.archive.read(last=self.archived.until)]
+
     def get(self, time: str, action: Action | None = None) -> Instant | None:
         """The instant at `time` in its latest state, active or archived."""
         validate_time(time)

@@ -13,9 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import metatable as mt
-from metatable.errors import InvalidInputError, SnapshotExpiredError
+from metatable.errors import InvalidInputError, MissingFileError, SnapshotExpiredError
+from metatable.storage.local import LocalStorage
 from metatable.timeline.archive import FAN_IN, Archive, ArchiveFile
 from metatable.timeline.instant import Action, Instant
+from metatable.timeline.timeline import Timeline
 from metatable.write.write_client import Txn
 
 from .archive_child import commit_rows
@@ -52,9 +54,8 @@ def test_archive_file_names_round_trip_and_bad_ones_are_refused():
 
 
 def test_archive_runs_are_read_back_in_order_and_levels_merge_once_fan_in_files_share_one(tmp_path):
-    from metatable.storage.local import LocalStorage
     archive = Archive(LocalStorage(), str(tmp_path / "archive"))
-    times = [f"2026010100{n:05d}000"[:17] for n in range(FAN_IN * 2 + 1)]
+    times = [f"20260101{n:06d}000" for n in range(FAN_IN * 2 + 1)]
     for n, time in enumerate(times):
         archive.append([(Instant(time, Action.DELTACOMMIT), {"n": n})], lambda carried, run: {
             "count": carried.get("count", 0) + len(run)})
@@ -231,3 +232,36 @@ def test_a_damaged_archive_file_is_named_and_the_active_timeline_still_reads(tmp
     with pytest.raises(mt.MetatableError, match=os.path.basename(damaged)):
         t.timeline(archived=True)
     assert sort_rows(mt.Table.open(t.path).to_arrow().to_pylist()) == model.expected()
+
+
+# -- readers that meet an archival or a clean in another process (found by benchmarks/chaos.py) -------------
+def test_an_instant_archived_after_a_reader_listed_it_is_read_from_the_archive(tmp_path):
+    t, model = new_table(tmp_path), TableModel(True)
+    first = upsert(t, model, commit_rows(0))
+    reader = Timeline(LocalStorage(), t.path)
+    listed = reader.get(first)  # a view listed it; its commit metadata is read later (replacements, txns)
+    for i in range(1, 30):
+        upsert(t, model, commit_rows(i))
+    assert not os.path.exists(os.path.join(reader.dir, listed.file_name)), "archived since it was listed"
+    assert reader.read_json(listed)["operation"] == "upsert"
+    assert reader.get(first) == listed
+
+
+def test_a_read_that_meets_a_cleaned_metadata_file_runs_again_on_a_fresh_view(tmp_path):
+    t, model = new_table(tmp_path), TableModel(True)
+    upsert(t, model, commit_rows(0))
+    views = []
+
+    def read(view):
+        views.append(view)
+        if len(views) == 1:
+            raise MissingFileError("/m/record-index-0000_compacted_20260101000000000.sst", "gone", metadata=True)
+        return len(view.file_slices)
+
+    assert t.context.read_view(read) == len(t.file_slices()) and len(views) == 2 and views[0] is not views[1]
+
+    def read_data(view):
+        raise MissingFileError("/t/p=a/f_20260101000000000.parquet", "gone")
+
+    with pytest.raises(MissingFileError):  # a data file is not a clean's: the read fails and names it
+        t.context.read_view(read_data)

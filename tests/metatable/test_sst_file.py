@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from metatable.errors import CorruptFileError
+from metatable.errors import CorruptFileError, MissingFileError
 from metatable.formats.sst_file import SstCache, write_sst
 from metatable.storage.local import LocalStorage
 
@@ -68,3 +68,14 @@ def test_corrupt_sst_is_named(tmp_path, damage):
     open(path, "wb").write(b"not an sst" * 100 if damage == "garbage" else data[: len(data) // 2])
     with pytest.raises(CorruptFileError, match="b.sst"):
         SstCache(str(tmp_path / "cache")).reader(path)
+
+
+def test_a_read_cache_removed_while_another_process_opens_it_is_a_missing_file_naming_the_sst(tmp_path):
+    """Found by the chaos run: a metadata clean in another process removed the cache entry of a base file
+    while a reader opened it, and the reader died of RocksDB's raw `IO error: No such file or directory`."""
+    path = str(tmp_path / "base.sst")
+    write_sst(LocalStorage(), path, [(b"a", b"1")])
+    cache = SstCache(str(tmp_path / "cache"))
+    os.makedirs(os.path.join(cache.root, SstCache.entry_name(path)))  # the entry, its files already removed
+    with pytest.raises(MissingFileError, match="base.sst: its read cache was removed while in use"):
+        cache.reader(path)
