@@ -275,7 +275,8 @@ def _write(args: argparse.Namespace, operation: str) -> None:
     result = table.delete(data) if operation == "delete" else \
         getattr(table, operation)(data, schema_mode=args.schema_mode)
     upserted = f"{result.upserted} upserted, " if result.upserted else ""
-    print(f"{operation} {result.instant}: {result.inserted} inserted, {result.updated} updated, {upserted}"
+    stale = f"{result.stale} lost on {table.config.ordering_field}, " if result.stale else ""
+    print(f"{operation} {result.instant}: {result.inserted} inserted, {result.updated} updated, {upserted}{stale}"
           f"{result.deleted} deleted, {result.skipped} skipped, {result.files_written} files in {result.seconds:.2f}s")
 
 

@@ -11,6 +11,8 @@
   A missing table is created from the DataFrame's schema and the options `record_key`, `partition_by`,
   `ordering_field`, `table_type`, `index` (bucket, bloom, record), `num_buckets`. Option
   `schema_mode` = `merge` adds the DataFrame's new columns to the table in the same commit.
+- SQL: a temporary view (`CREATE TEMPORARY VIEW t USING metatable OPTIONS (path ...)`; with columns and
+  `record_key`, it creates the table). A table of Spark's catalog is refused (`NOT_IN_CATALOG` says why).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import os
 import shutil
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,9 +29,10 @@ import pyarrow.dataset as ds
 from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader, EqualTo, Filter,
                                     GreaterThan, GreaterThanOrEqual, In, InputPartition, LessThan,
                                     LessThanOrEqual, Not, WriterCommitMessage)
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from metatable.errors import ConfigError, InvalidInputError
+from metatable.errors import ConfigError, InvalidInputError, TableNotFoundError
 from metatable.faults import crash_point
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import read_slice
@@ -41,13 +44,20 @@ from metatable.storage.local import LocalStorage
 from metatable.storage.paths import TablePaths
 from metatable.table import Table
 from metatable.table_config import IndexConfig
+from metatable.write.change_feed import DELETE_VALUES
 from metatable.write.write_client import Txn
 
 log = logging.getLogger(__name__)
 
-READ_OPTIONS = {"path", "as_of", "read_optimized"}
-WRITE_OPTIONS = {"path", "operation", "record_key", "partition_by", "ordering_field", "table_type", "index",
-                 "num_buckets", "schema_mode"}
+NEW_TABLE_OPTIONS = {"record_key", "partition_by", "ordering_field", "table_type", "index", "num_buckets"}
+READ_OPTIONS = {"path", "as_of", "read_optimized", *NEW_TABLE_OPTIONS}
+WRITE_OPTIONS = {"path", "operation", "schema_mode", *NEW_TABLE_OPTIONS}
+NOT_IN_CATALOG = (
+    "a metatable table cannot be a table of Spark's catalog (CREATE TABLE ... USING metatable): Spark 4.0 gives a "
+    "Python data source a catalog table's options when the table is created but not when it is read or written, "
+    "so no read could find the table. Declare a temporary view instead: CREATE TEMPORARY VIEW t USING metatable "
+    "OPTIONS (path '...') over an existing table, or CREATE TEMPORARY VIEW t (columns) USING metatable OPTIONS "
+    "(path '...', record_key '...') to create one")
 OPERATIONS = ("upsert", "insert", "delete", "bulk_insert")
 _COMPARISONS = {EqualTo: "==", GreaterThan: ">", GreaterThanOrEqual: ">=", LessThan: "<", LessThanOrEqual: "<="}
 
@@ -74,14 +84,14 @@ class MetatableDataSource(DataSource):
         return "metatable"
 
     def schema(self) -> StructType:
-        return to_spark_schema(self._snapshot_schema())
+        return to_spark_schema(self._snapshot_schema(self._table(READ_OPTIONS)))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return SnapshotReader(dict(self.options), self._snapshot_schema())
+        table = self._table(READ_OPTIONS, declared=schema)
+        return SnapshotReader(table.path, dict(self.options), self._snapshot_schema(table))
 
-    def _snapshot_schema(self) -> pa.Schema:
+    def _snapshot_schema(self, table: Table) -> pa.Schema:
         """The columns of the snapshot read: the table's now, or as of option `as_of`."""
-        table = Table.open(self._path(READ_OPTIONS))
         return table.context.view(self.options.get("as_of")).config.schema
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
@@ -92,18 +102,45 @@ class MetatableDataSource(DataSource):
         operation = self.options.get("operation", "upsert")
         if operation not in OPERATIONS:
             raise ConfigError(f"option operation={operation!r} is not one of {list(OPERATIONS)}")
-        path = os.path.abspath(path)
         existing = Table.open(path).schema if LocalStorage().exists(TablePaths(path).table_config) else None
         wall_clock = [f.name for f in existing or () if pa.types.is_timestamp(f.type) and f.type.tz is None]
         return StagedWriter(path, operation, dict(self.options), wall_clock)
 
+    def _table(self, allowed: set[str], declared: StructType | None = None) -> Table:
+        """The table at the path; a missing one is created from the declared columns (a temporary view's, or
+        `spark.read.schema(...)`'s) and the new-table options when Spark first plans a read of it."""
+        path = self._path(allowed)
+        if LocalStorage().exists(TablePaths(path).table_config):
+            return Table.open(path)
+        if declared is None or not len(declared.fields) or "record_key" not in self.options:
+            raise TableNotFoundError(
+                f"no metatable table at {path}: create it with metatable.Table.create, or declare it in SQL with "
+                "its columns and option record_key: CREATE TEMPORARY VIEW t (...) USING metatable OPTIONS "
+                "(path '...', record_key '...')")
+        return create_from_options(path, to_arrow_schema(declared, timezone="UTC"), self.options)
+
     def _path(self, allowed: set[str]) -> str:
+        if "provider" in self.options or not self.options:  # a catalog table's: on CREATE, then none at all
+            raise ConfigError(NOT_IN_CATALOG)
         unknown = sorted(set(self.options) - allowed)
         if unknown:
             raise ConfigError(f"unknown metatable source option(s) {unknown}; known: {sorted(allowed)}")
         if not self.options.get("path"):
             raise InvalidInputError("give the table's path: .load(path) or .save(path)")
-        return self.options["path"]
+        return os.path.abspath(self.options["path"])
+
+
+def create_from_options(path: str, schema: pa.Schema, options: dict[str, str]) -> Table:
+    """A new table with the given columns, made as the source's options say (`NEW_TABLE_OPTIONS`)."""
+    def columns(option: str) -> list[str] | None:
+        text = options.get(option)
+        return [c.strip() for c in text.split(",")] if text else None
+
+    kind = options.get("index", "bucket")
+    index = IndexConfig(type=kind, **({"num_buckets": int(options["num_buckets"])} if "num_buckets" in options else {}))
+    return Table.create(path, schema, columns("record_key"), columns("partition_by"), options.get("ordering_field"),
+                        options.get("table_type", "merge_on_read"), index,
+                        ("column_stats", "bloom_filter") if kind == "bloom" else ("column_stats",))
 
 
 # -- reads ------------------------------------------------------------------------------------------------
@@ -113,8 +150,8 @@ class SlicePartition(InputPartition):
 
 
 class SnapshotReader(DataSourceReader):
-    def __init__(self, options: dict[str, str], schema: pa.Schema) -> None:
-        self.path = options["path"]
+    def __init__(self, path: str, options: dict[str, str], schema: pa.Schema) -> None:
+        self.path = path
         self.schema = schema  # the snapshot's, as `MetatableDataSource.schema` declared it
         self.as_of = options.get("as_of")
         self.read_optimized = options.get("read_optimized", "false").lower() == "true"
@@ -165,21 +202,34 @@ class StreamSink:
     """A `foreachBatch` target that writes each micro-batch once: `query.writeStream.foreachBatch(
     StreamSink(path, "orders")).option("checkpointLocation", ...).start()`. The batch id goes into the commit
     as the version of the stream's `Txn`, so a batch Spark replays after a restart (it committed here, but
-    the query died before its checkpoint did) is skipped. One running query per stream name."""
+    the query died before its checkpoint did) is skipped. One running query per stream name.
 
-    def __init__(self, path: str, stream: str, operation: str = "upsert", schema_mode: str | None = None) -> None:
+    A change feed mixes upserts and deletes: with `operation_column`, each micro-batch is one
+    `Table.apply_changes` (a row whose column holds one of `delete_values` deletes its key)."""
+
+    def __init__(self, path: str, stream: str, operation: str = "upsert", schema_mode: str | None = None,
+                 operation_column: str | None = None, delete_values: Sequence[Any] = DELETE_VALUES) -> None:
         if operation not in OPERATIONS:
             raise ConfigError(f"operation {operation!r} is not one of {list(OPERATIONS)}")
+        if operation_column is not None and (operation != "upsert" or schema_mode is not None):
+            raise ConfigError("a StreamSink with an operation_column upserts and deletes as each row says: give "
+                              "neither operation nor schema_mode")
         self.path = path
         self.stream = stream
         self.operation = operation
         self.schema_mode = schema_mode  # "merge": a batch's new columns are added to the table
+        self.operation_column = operation_column
+        self.delete_values = tuple(delete_values)
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         table = Table.open(self.path)
         txn = Txn(self.stream, int(batch_id))
-        result = table.delete(batch, txn=txn) if self.operation == "delete" else \
-            getattr(table, self.operation)(batch, txn=txn, schema_mode=self.schema_mode)
+        if self.operation_column is not None:
+            result = table.apply_changes(batch, self.operation_column, self.delete_values, txn=txn)
+        elif self.operation == "delete":
+            result = table.delete(batch, txn=txn)
+        else:
+            result = getattr(table, self.operation)(batch, txn=txn, schema_mode=self.schema_mode)
         crash_point("stream.batch.written")  # committed here, not yet in Spark's checkpoint
         log.info("stream %s batch %d: %s", self.stream, batch_id, result)
 
@@ -252,15 +302,6 @@ class StagedWriter(DataSourceArrowWriter):
         schema = ds.dataset(files, format="arrow").schema if files else None
         if schema is None:
             raise InvalidInputError(f"no metatable table at {self.path}, and no rows to create it from")
-        kind = self.options.get("index", "bucket")
-        index = IndexConfig(type=kind, **({"num_buckets": int(self.options["num_buckets"])}
-                                          if "num_buckets" in self.options else {}))
-        return Table.create(self.path, schema, self._columns("record_key"), self._columns("partition_by"),
-                            self.options.get("ordering_field"), self.options.get("table_type", "merge_on_read"), index,
-                            ("column_stats", "bloom_filter") if kind == "bloom" else ("column_stats",))
-
-    def _columns(self, option: str) -> list[str] | None:
-        text = self.options.get(option)
-        return [c.strip() for c in text.split(",")] if text else None
+        return create_from_options(self.path, schema, self.options)
 
 

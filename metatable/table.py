@@ -21,12 +21,15 @@ from metatable.file_group.file_slice import FileSlice
 from metatable.read import reads
 from metatable.read.key_lookup import get_rows, keys_table, locate
 from metatable.read.locator import MetadataIndex
+from metatable.read.scan import Scan
 from metatable.services import clean, clustering, compaction, fsck, indexer, maintenance, rebuild
 from metatable.services.fsck import FsckReport
 from metatable.services.rebuild import RebuildReport
 from metatable.storage.base import Storage
 from metatable.table_config import IndexConfig, TableConfig, as_tuple, normalize_schema
 from metatable.timeline.instant import Action, Instant
+from metatable.write.change_feed import DELETE_VALUES, flagged
+from metatable.write.conditional_merge import MergeClauses
 from metatable.write.write_client import Txn, WriteClient, WriteResult
 
 log = logging.getLogger(__name__)
@@ -153,6 +156,33 @@ class Table:
         return attempt()
 
     @writes
+    def apply_changes(self, data: Any, operation_column: str = "op", delete_values: Sequence[Any] = DELETE_VALUES,
+                      txn: Txn | None = None) -> WriteResult:
+        """A change feed's batch in one commit: a row whose `operation_column` is one of `delete_values`
+        deletes its key, any other row upserts it (the column itself is not stored). A key that comes more than
+        once takes its newest row by the ordering field, a delete like any other (give delete rows their
+        ordering value: a null one loses). `data`: a pyarrow Table or a Spark DataFrame."""
+        return self._write(flagged(data, operation_column, delete_values), "merge", txn)
+
+    @writes
+    def merge(self, source: Any, matched_update: Any = None, matched_delete: Any = None,
+              not_matched_insert: Any = None, txn: Txn | None = None) -> WriteResult:
+        """A conditional merge of `source` (a pyarrow Table, one row per record key) in one commit. The table's
+        rows of the source's keys are found through the index; then, of the source rows whose key the table
+        holds, those `matched_delete` takes delete it, those `matched_update` takes replace it; of the others,
+        those `not_matched_insert` takes are inserted. Each clause is True, a filter as `to_arrow` takes (or a
+        `pyarrow.compute.Expression`) over the source's columns, which may include some the table lacks (an
+        operation column), and the table's row as `target.<column>`: `matched_update=[("target.status", "!=",
+        "closed")]`. An update below the stored row's ordering value is not written (counted `stale`); rows
+        no clause takes are counted `skipped`."""
+        clauses = MergeClauses(matched_update, matched_delete, not_matched_insert)
+        client = WriteClient(self.context, self.metadata_index)
+        result = self._retried(lambda: client.merge(source, clauses, txn), "merge",
+                               self.config.options["write.conflict_retries"])
+        maintenance.after_commit(self.context, client.action, result.instant)
+        return result
+
+    @writes
     def update(self, where: Any, set: Mapping[str, Any], txn: Txn | None = None) -> WriteResult:
         """Set columns to values in the rows that match `where` (a filter as `to_arrow` takes), in one commit:
         the matching rows of the snapshot the update begins from are upserted with the values set (they keep
@@ -237,7 +267,15 @@ class Table:
         holds a slice, not the table). DuckDB scans it lazily (`duckdb.sql("select ... from reader")`); Polars
         takes it with `pl.from_arrow(reader)`. `columns`, `filter` as for `to_arrow`. The snapshot is fixed
         when this is called."""
-        return reads.to_batches(self.context, self._plan(as_of, filter), columns, read_optimized)
+        return self.scan(columns, filter, as_of, read_optimized).to_batches()
+
+    def scan(self, columns: Sequence[str] | None = None, filter: Any = None, as_of: str | None = None,
+             read_optimized: bool = False) -> Scan:
+        """The snapshot read for another engine to run lazily (`read.scan`): DuckDB takes it as it is
+        (`duckdb.sql("select ... from s")`), Polars as a LazyFrame whose projection and limit reach the read
+        (`s.to_polars()`), pyarrow through `__arrow_c_stream__`. `columns`, `filter` as for `to_arrow`; the file
+        slices are fixed when this is called."""
+        return Scan(self.context, self._plan(as_of, filter), columns, read_optimized)
 
     def read(self, as_of: str | None = None, read_optimized: bool = False, spark: Any = None,
              filter: Any = None, columns: Sequence[str] | None = None) -> Any:

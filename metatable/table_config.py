@@ -66,6 +66,21 @@ def _supported(t: pa.DataType) -> bool:
             or pa.types.is_decimal(t) or pa.types.is_binary(t))
 
 
+def _nested_supported(t: pa.DataType) -> bool:
+    """Lists, structs and maps of stored types (any depth)."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _stored(t.value_type)
+    if pa.types.is_map(t):
+        return _stored(t.key_type) and _stored(t.item_type)
+    if pa.types.is_struct(t):
+        return t.num_fields > 0 and all(_stored(t.field(i).type) for i in range(t.num_fields))
+    return False
+
+
+def _stored(t: pa.DataType) -> bool:
+    return _supported(t) or _nested_supported(t)
+
+
 def normalize_schema(schema: pa.Schema) -> pa.Schema:
     """The table's storage schema: view and large string types become plain strings, all fields nullable
     (merge-on-read delete markers carry only the key)."""
@@ -76,10 +91,10 @@ def normalize_schema(schema: pa.Schema) -> pa.Schema:
             t = pa.string()
         elif pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
             t = pa.binary()
-        if not _supported(t):
+        if not _stored(t):
             raise InvalidInputError(f"column {f.name!r} has type {t}, which metatable does not store yet; "
                                     "supported: integers, floats, booleans, strings, binary, dates, timestamps, "
-                                    "decimals")
+                                    "decimals, and lists, structs and maps of them")
         if f.name in META_COLUMNS:
             raise InvalidInputError(f"column name {f.name!r} is reserved for metatable")
         fields.append(pa.field(f.name, t, nullable=True))
@@ -113,6 +128,11 @@ class TableConfig:
                 raise InvalidInputError(f"{role} columns {missing} are not in the schema ({sorted(names)})")
         if self.ordering_field is not None and self.ordering_field not in names:
             raise InvalidInputError(f"ordering_field {self.ordering_field!r} is not in the schema ({sorted(names)})")
+        nested = [c for c in (*self.record_key, *self.partition_by, *([self.ordering_field] if self.ordering_field else [])) if c in names
+                  and not _supported(self.schema.field(c).type)]
+        if nested:
+            raise InvalidInputError(f"columns {nested} are lists, structs or maps: a record key, partition or "
+                                    "ordering column must hold plain values")
         if self.table_type not in TABLE_TYPES:
             raise ConfigError(f"table_type must be one of {list(TABLE_TYPES)}, got {self.table_type!r}")
         unknown = [m for m in self.maintained if m not in METADATA_INDEXES]

@@ -37,9 +37,10 @@ def survivors(versions: pa.Table, ordering: str | None, tiebreak: Sequence[str] 
         last_delete = pa.table({KEY_COLUMN: versions[KEY_COLUMN],
                                 "_mt_del": pc.if_else(deleted, versions[SEQ_COLUMN], -1)}
                                ).group_by(KEY_COLUMN).aggregate([("_mt_del", "max")])
-        joined = versions.join(last_delete, KEY_COLUMN)
-        keep = pc.and_(pc.greater(joined[SEQ_COLUMN], joined["_mt_del_max"]), pc.invert(joined[DELETED_COLUMN]))
-        versions = joined.filter(keep).drop_columns(["_mt_del_max"])
+        # each row's key's last delete, by position (a join cannot carry nested columns along)
+        at = pc.index_in(versions[KEY_COLUMN], value_set=last_delete[KEY_COLUMN].combine_chunks())
+        last = last_delete["_mt_del_max"].take(at)
+        versions = versions.filter(pc.and_(pc.greater(versions[SEQ_COLUMN], last), pc.invert(deleted)))
     sort_keys = [(KEY_COLUMN, "ascending", "at_end")]
     if ordering:
         sort_keys.append((ordering, "descending", "at_end"))  # a null ordering value loses
@@ -48,6 +49,13 @@ def survivors(versions: pa.Table, ordering: str | None, tiebreak: Sequence[str] 
     order = pc.sort_indices(versions, sort_keys=sort_keys)
     first = _first_of_runs(versions[KEY_COLUMN].take(order))
     return versions.take(order.filter(pa.array(first))).drop_columns([DELETED_COLUMN, SEQ_COLUMN])
+
+
+def loses(ours: pa.ChunkedArray | pa.Array, theirs: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Which rows' ordering values lose to the stored ones under the merge rule: a smaller value, or a null
+    against a value (nulls lowest). A tie does not lose: the later write wins it."""
+    lost = pc.or_kleene(pc.less(ours, theirs), pc.and_kleene(pc.is_null(ours), pc.is_valid(theirs)))
+    return np.asarray(pc.fill_null(lost, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def with_version(table: pa.Table, seq: int, deleted: bool = False) -> pa.Table:
@@ -66,6 +74,17 @@ def dedupe_batch(batch: pa.Table, ordering: str | None, deleted: bool = False) -
     if deleted:
         result = result.append_column(DELETED_COLUMN, pa.array(np.ones(result.num_rows, dtype=bool)))
     return result
+
+
+def newest_of_each_key(batch: pa.Table, ordering: str | None) -> pa.Table:
+    """A batch of upserts and deletes (DELETED_COLUMN per row, as a change feed's) reduced to the newest row of
+    each key by the ordering value, a delete being a row like any other: a key inserted, updated and deleted
+    in one batch is deleted; deleted, then inserted again, is kept. Among rows of one ordering value, the one
+    with the greatest other values wins, as in `dedupe_batch`, so the result never depends on input order."""
+    flag = "_mt_deleted_row"
+    newest = dedupe_batch(batch.rename_columns([flag if c == DELETED_COLUMN else c for c in batch.column_names]),
+                          ordering if ordering in batch.column_names else None)  # deletes only: keys alone
+    return newest.rename_columns([DELETED_COLUMN if c == flag else c for c in newest.column_names])
 
 
 def _sortable(t: pa.DataType) -> bool:

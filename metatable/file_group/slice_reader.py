@@ -15,6 +15,7 @@ from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.record_merge import merge_versions
 from metatable.formats.data_log import read_data_log
 from metatable.formats.key_pages import footer_fields, key_pages, parquet_footer, worth_probing
+from metatable.formats.row_pages import read_rows, rows_of_keys
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
@@ -112,6 +113,71 @@ def read_slice(storage: Storage, paths: TablePaths, config: TableConfig, fs: Fil
         return base
     logs = log_tables(storage, paths, config, fs, config.log_schema.names)
     return merge_versions([base, *logs], config.ordering_field, schema)
+
+
+_INT_TYPES = (1, 2)  # Parquet's INT32 and INT64 physical types
+
+
+@footer_fields
+def int_column_max(path: str, column: str) -> int | None:
+    """The greatest value of a plain INT32 or INT64 column of a base file, as its footer's statistics store it
+    (the physical value: a date's days, a timestamp's units); None where the footer does not say."""
+    footer = parquet_footer(path)[1]
+    elements = footer.get(2, [])
+    i, leaf = 1, 0
+    while i < len(elements):
+        (width, nested), after = _subtree(elements, i)
+        if elements[i].get(4, b"").decode("utf-8", "replace") == column:
+            break
+        leaf, i = leaf + width, after
+    else:
+        return None
+    if nested:
+        return None
+    best = None
+    for group in footer.get(4, []):
+        meta = group.get(1, [])[leaf].get(3, {})
+        stats = meta.get(12, {})
+        raw = stats.get(5, stats.get(1))  # max_value, or the older max (signed: right for integers)
+        if meta.get(1) not in _INT_TYPES or (raw is None and stats.get(3) != group.get(3)):
+            return None  # not an integer column, or no max for a row group that has values
+        if raw is not None:
+            value = int.from_bytes(raw, "little", signed=True)
+            best = value if best is None else max(best, value)
+    return best
+
+
+def stored_values(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice, keys: pa.Array,
+                  column: str, above: int | None = None) -> pa.ChunkedArray:
+    """`column` of each key's live row in the slice (null for a key it lacks): the base's rows of the keys,
+    read page by page where the file has a key page index and the keys are few next to its pages (as `get`
+    does), else the key and that column whole; then the logs merged on top. `above`: the caller needs no
+    value at or below it (an integer as Parquet stores the column), so a base whose footer says none is
+    above is not read, and log rows at or below it are dropped before the merge: a key whose newest version
+    is one of them reads as null. New rows' ordering values are usually the greatest: upserts into a
+    merge-on-read table of 1M rows in 8 file groups, with a log each, cost 53 -> 119 ms (100 rows) and
+    154 -> 346 ms (100k rows) to count what lost, reading everything; 50 -> 55 ms and 165 -> 188 ms so
+    (medians of 5, alternated)."""
+    field = config.storage_schema.field(column)
+    schema = pa.schema([(KEY_COLUMN, pa.string()), field])
+    path = base_path(paths, fs)
+    base = schema.empty_table()
+    if path and above is not None and (most := int_column_max(path, column)) is not None and most <= above:
+        path = None
+    if path:
+        plan = rows_of_keys([path], [keys])[0] if worth_probing(path, len(keys)) else None
+        rows = read_rows([plan], [KEY_COLUMN, column])[0] if plan is not None else \
+            read_base(path, config.storage_schema, [KEY_COLUMN, column], config.known_columns)
+        base = pa.table([rows[KEY_COLUMN], rows[column].cast(field.type)], schema=schema)
+        base = base.filter(pc.is_in(base[KEY_COLUMN], value_set=keys))
+    logs = log_tables(storage, paths, config, fs, [KEY_COLUMN, column, DELETED_COLUMN]) if fs.logs else []
+    if above is not None:  # a version at or below it changes no answer the caller needs; deletes stay
+        bound = pa.scalar(above, pa.int32() if pa.types.is_date32(field.type) else pa.int64()).cast(field.type)
+        logs = [t.filter(pc.or_(t[DELETED_COLUMN], pc.fill_null(pc.greater(t[column], bound), False)))
+                for t in logs]
+    logs = [t.filter(pc.is_in(t[KEY_COLUMN], value_set=keys)) for t in logs if t.num_rows]
+    merged = merge_versions([base, *logs], column if column == config.ordering_field else None, schema)
+    return merged[column].take(pc.index_in(keys, value_set=merged[KEY_COLUMN].combine_chunks()))
 
 
 def members(candidates: pa.Array | pa.ChunkedArray, big: pa.Array | pa.ChunkedArray) -> np.ndarray:

@@ -10,10 +10,11 @@ import pyarrow as pa
 STATS_SCHEMA = pa.schema([
     ("partition", pa.string()), ("file_id", pa.string()), ("file_name", pa.string()), ("kind", pa.string()),
     ("size", pa.int64()), ("rows", pa.int64()), ("inserted", pa.int64()), ("updated", pa.int64()),
-    ("deleted", pa.int64()), ("skipped", pa.int64()), ("upserted", pa.int64()), ("column_stats", pa.binary()),
+    ("deleted", pa.int64()), ("skipped", pa.int64()), ("upserted", pa.int64()), ("stale", pa.int64()),
+    ("column_stats", pa.binary()),
     ("bloom_filter", pa.binary()),
 ])
-COUNTS = ("inserted", "updated", "deleted", "skipped", "upserted")
+COUNTS = ("inserted", "updated", "deleted", "skipped", "upserted", "stale")
 NO_COUNTS = dict.fromkeys(COUNTS, 0)
 
 

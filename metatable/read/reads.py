@@ -94,15 +94,6 @@ def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False
     return pa.concat_tables(tables) if tables else plan.projected(columns)[0].empty_table()
 
 
-def to_batches(context: TableContext, plan: ScanPlan, columns: Sequence[str] | None = None,
-               read_optimized: bool = False) -> pa.RecordBatchReader:
-    """The plan's rows as a stream: one file slice is read when the consumer gets that far, so memory holds one
-    slice, not the table. DuckDB and Polars take it as it is (`__arrow_c_stream__`)."""
-    out, _ = plan.projected(columns)
-    batches = (batch for table in slice_tables(context, plan, columns, read_optimized) for batch in table.to_batches())
-    return pa.RecordBatchReader.from_batches(out, batches)
-
-
 def to_dataframe(context: TableContext, plan: ScanPlan, read_optimized: bool = False, spark: Any = None,
                  columns: Sequence[str] | None = None) -> Any:
     out, _ = plan.projected(columns)

@@ -50,6 +50,8 @@ def _conjunct(item: Any, schema: pa.Schema) -> Conjunct:
     if op not in OPS:
         raise InvalidInputError(f"filter op {op!r} is not one of {list(OPS)}")
     type_ = schema.field(column).type
+    if pa.types.is_nested(type_):
+        raise InvalidInputError(f"filter column {column!r} is a {type_}: filters compare plain columns")
     if op == "in":
         if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
             raise InvalidInputError(f"filter ({column!r}, 'in', ...) takes a list of values, got {value!r}")

@@ -1,4 +1,5 @@
-"""The write client: one keyed write (upsert, insert or delete), from input to commit.
+"""The write client: one keyed write (upsert, insert, delete, or a mix of upserts and deletes: a conditional
+merge or a change feed's batch), from input to commit.
 
 1. Conform the input to the table once: schema errors surface before anything is written.
 2. Begin the transaction and take the view it starts from (under one lock hold, so the view is exactly
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -30,6 +31,7 @@ from metatable.commit.timeline_view import TimelineView, group_name
 from metatable.errors import InvalidInputError
 from metatable.faults import crash_point
 from metatable.file_group.written import counts, written_files
+from metatable.read.key_lookup import get_rows
 from metatable.read.locator import MetadataIndex
 from metatable.read.reads import plan_of, slice_tables
 from metatable.read.scan_filter import coerced, parse_filter
@@ -37,6 +39,7 @@ from metatable.schema_evolution import check_changes, merged_write_schema
 from metatable.spark.session import arrow_schema_of, is_dataframe
 from metatable.table_config import KEY_COLUMN, TableConfig
 from metatable.timeline.instant import WRITE_ACTIONS, Action, Instant
+from metatable.write.conditional_merge import MergeClauses, decide, unique_keys
 from metatable.write.spark_write import conform_dataframe, partition_counts, run_spark
 from metatable.write.write_engine import run_local
 from metatable.write.write_input import WriteStream, as_input, conform
@@ -45,7 +48,6 @@ from metatable.write.write_task import WriteTask
 log = logging.getLogger(__name__)
 
 DEFAULT_BYTES_PER_ROW = 100.0  # until a table has files to measure
-OPERATIONS = ("upsert", "insert", "bulk_insert", "delete")
 SCHEMA_MODES = (None, "merge")  # merge: the data's new columns are added to the table
 
 
@@ -77,7 +79,9 @@ class WriteResult:
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
-    skipped: int = 0  # inserts of keys that already existed
+    skipped: int = 0  # inserts of keys that already existed; a merge's source rows that no clause took
+    stale: int = 0  # updates whose ordering value loses to the stored row's (the stored row stays; a merge
+    # does not write them, an upsert does: see `FileGroupWriter._stale`); not counted with `upserted`
     upserted: int = 0  # upserted rows not told apart into inserted and updated (`write.count_updates` false)
     files_written: int = 0
     seconds: float = 0.0
@@ -129,10 +133,9 @@ class WriteClient:
         started = time.monotonic()
         if schema_mode not in SCHEMA_MODES:
             raise InvalidInputError(f"schema_mode must be one of {list(SCHEMA_MODES)}, got {schema_mode!r}")
-        context = self.context
         on_spark = is_dataframe(data)
         merging = schema_mode == "merge" and operation != "delete"
-        config = context.current_config()
+        config = self.context.current_config()
         if where is not None:  # a bad filter or assignment is refused before anything is written
             parse_filter(where, config.schema)
             assignments = checked_assignments(config, assignments) if operation != "delete" else None
@@ -140,6 +143,55 @@ class WriteClient:
             data = data if on_spark else as_input(data)
             config = self.with_data_columns(config, data) if merging else config
             data = self.conformed(data, config, operation)
+
+        def rows_of(view: TimelineView) -> tuple[TableConfig, Any, dict[str, int]]:
+            # the schema written: the snapshot's (a column may have been added since the data was conformed),
+            # with what this write adds to it
+            written = self.with_data_columns(view.config, config.schema) if merging else view.config
+            if where is not None:
+                keys = list(dict.fromkeys([*written.record_key, *written.partition_by]))
+                rows = matching_rows(self.context, view, where, keys if operation == "delete" else None)
+                return written, self.conformed(assigned(rows, assignments or {}), written, operation), {}
+            if not written.schema.equals(config.schema):
+                return written, self.conformed(data, written, operation), {}
+            return written, data, {}
+        return self.run(operation, txn, rows_of, on_spark, started)
+
+    def merge(self, source: Any, clauses: MergeClauses, txn: Txn | None = None) -> WriteResult:
+        """A conditional merge in one commit (`conditional_merge`): the table's rows of the source's keys are
+        read through the index from the snapshot the write begins from, and decide, with the clauses, which
+        source rows update, delete or insert."""
+        started = time.monotonic()
+        if is_dataframe(source):
+            raise InvalidInputError("merge takes a pyarrow Table; a Spark DataFrame that fits in memory can be "
+                                    "given as df.toArrow(), a larger one written with upsert and delete")
+        source = as_input(source)
+        if not isinstance(source, pa.Table):
+            raise InvalidInputError("merge takes a pyarrow Table (or RecordBatch), not a stream")
+        config = self.context.current_config()
+        clauses.check(source.schema, config)
+        own = [c for c in source.column_names if c in config.schema.names]
+        data = self.conformed(source.select(own), config, "upsert" if clauses.writes_rows else "delete")
+        extra = source.select([c for c in source.column_names if c not in data.column_names])  # for conditions
+        unique_keys(data, config)
+
+        def rows_of(view: TimelineView) -> tuple[TableConfig, Any, dict[str, int]]:
+            written = view.config
+            rows = data if written.schema.equals(config.schema) else \
+                self.conformed(data, written, "upsert" if clauses.writes_rows else "delete")
+            keys = list(written.record_key) + ([] if written.keys_unique_across_partitions
+                                               else list(written.partition_by))
+            target = get_rows(self.context, self.index, rows.select(list(dict.fromkeys(keys))), view)
+            decided = decide(rows, extra, target, written, clauses)
+            return written, decided.rows, {"skipped": decided.skipped, "stale": decided.stale}
+        return self.run("merge", txn, rows_of, False, started)
+
+    def run(self, operation: str, txn: Txn | None,
+            rows_of: Callable[[TimelineView], tuple[TableConfig, Any, dict[str, int]]], on_spark: bool,
+            started: float) -> WriteResult:
+        """Begin the instant, take from `rows_of(view)` the config written, the rows and counts of rows that
+        will not be written, then tag, write and commit."""
+        context = self.context
         transactions = context.transactions
         with transactions.lock.held():
             done = txn.applied_by(context) if txn else None
@@ -148,15 +200,7 @@ class WriteClient:
                 return WriteResult(done, operation, seconds=time.monotonic() - started)
             instant, view = self.begin(operation)
         with transactions.running(instant):
-            # the schema written: the snapshot's (a column may have been added since the data was conformed),
-            # with what this write adds to it
-            written = self.with_data_columns(view.config, config.schema) if merging else view.config
-            if where is not None:
-                keys = list(dict.fromkeys([*written.record_key, *written.partition_by]))
-                rows = matching_rows(context, view, where, keys if operation == "delete" else None)
-                data = self.conformed(assigned(rows, assignments or {}), written, operation)
-            elif not written.schema.equals(config.schema):
-                data = self.conformed(data, written, operation)
+            written, data, unwritten = rows_of(view)
             plan = view.index_plan(written.index) if written.index.type == "bucket" \
                 else self.bloom_plan(view, data, operation, instant.time)
             task = WriteTask(context.paths, written, instant.time, operation, view.file_slices,
@@ -169,15 +213,17 @@ class WriteClient:
             rows = stats.to_pylist()
             crash_point("table.write.files")
             files, tally = written_files(rows), counts(rows)
+            for name, n in unwritten.items():
+                tally[name] = tally.get(name, 0) + n
             evolves = not written.schema.equals(view.config.schema)
             commit(context, Commit(instant, Committer.of(self.action, written), files, view.completed_times,
                                    {"operation": operation, **tally, **({"txn": asdict(txn)} if txn else {})},
                                    schema=written.schema if evolves else None))
         result = WriteResult(instant.time, operation, files_written=len(files), seconds=time.monotonic() - started,
                              **tally)
-        log.info("%s %s: %d inserted, %d updated, %d upserted, %d deleted, %d skipped, %d files in %.2fs",
+        log.info("%s %s: %d inserted, %d updated, %d upserted, %d deleted, %d skipped, %d stale, %d files in %.2fs",
                  operation, result.instant, result.inserted, result.updated, result.upserted, result.deleted,
-                 result.skipped, result.files_written, result.seconds)
+                 result.skipped, result.stale, result.files_written, result.seconds)
         return result
 
     def add_columns(self, fields: Sequence[pa.Field]) -> str | None:
@@ -239,7 +285,7 @@ class WriteClient:
                 ranges[p][n] = bounds
         global_scope = config.index.scope == "global"
         if operation == "delete":
-            return BloomPlan(ranges, {}, global_scope)
+            return BloomPlan(ranges, {}, global_scope)  # a delete of an absent key goes nowhere
         sizes = view.sizes()
         total_bytes = sum(sum(s.values()) for s in sizes.values())
         busy = view.busy()  # inserts never go to a file group that a pending clustering rewrites
@@ -251,7 +297,7 @@ class WriteClient:
         bytes_per_row = total_bytes / rows if rows else DEFAULT_BYTES_PER_ROW
         slots = insert_slots(self.partition_rows(data, instant), sizes, bytes_per_row,
                              config.options["write.target_file_size"], instant)
-        return BloomPlan(ranges, slots, global_scope, moves=global_scope and operation == "upsert"
+        return BloomPlan(ranges, slots, global_scope, moves=global_scope and operation in ("upsert", "merge")
                          and bool(config.partition_by))
 
     def partition_rows(self, data: Any, instant: str) -> dict[str, int]:

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from indexes.arrow_keys import NULL_PARTITION
 
 from metatable.errors import InvalidInputError
-from metatable.table_config import TableConfig
+from metatable.table_config import DELETED_COLUMN, TableConfig
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -173,7 +173,7 @@ def conformed_schema(source: pa.Schema, config: TableConfig, operation: str) -> 
     if missing:
         raise InvalidInputError(f"the data lacks columns {missing} that the table needs for {operation}")
     if operation != "delete":
-        extra = [c for c in source.names if c not in schema.names]
+        extra = [c for c in source.names if c not in schema.names and not (operation == "merge" and c == DELETED_COLUMN)]
         if extra:
             raise InvalidInputError(f"the data has columns {extra} that the table does not "
                                     f"(table columns: {schema.names}); select the table's columns, add them "
@@ -184,7 +184,12 @@ def conformed_schema(source: pa.Schema, config: TableConfig, operation: str) -> 
         if not castable(have, target):
             raise InvalidInputError(f"column {name!r} has type {have}, the table stores {target}; "
                                     "cast it before writing")
-    return pa.schema([schema.field(name) for name in needed])
+    target = pa.schema([schema.field(name) for name in needed])
+    if operation == "merge":  # upserts and deletes at once (`Table.apply_changes`): a flag per row says which
+        if DELETED_COLUMN not in source.names:
+            raise InvalidInputError(f"a write of upserts and deletes needs the column {DELETED_COLUMN}")
+        target = target.append(pa.field(DELETED_COLUMN, pa.bool_()))
+    return target
 
 
 def conform(batch: pa.Table, config: TableConfig, operation: str) -> pa.Table:
@@ -212,6 +217,8 @@ def castable(source: pa.DataType, target: pa.DataType) -> bool:
     """Only conversions that cannot change a value's meaning (same family, same or wider range)."""
     if source == target or pa.types.is_null(source):
         return True
+    if pa.types.is_nested(source) and pa.types.is_nested(target):  # field names and nullability may differ by
+        return True  # producer (Spark's list element, Polars' large lists): the cast says what does not fit
     families = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_timestamp,
                 pa.types.is_date, pa.types.is_boolean)
     for family in families:

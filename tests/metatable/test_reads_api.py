@@ -149,6 +149,35 @@ def test_duckdb_and_polars_query_the_stream(tmp_path):
     assert sorted(frame["id"].to_list()) == list(range(2, 30, 3))
 
 
+def test_a_scan_runs_lazily_in_duckdb_and_polars(tmp_path, caplog):
+    t = new_table(tmp_path / "t")
+    rows = t.to_arrow().to_pylist()
+    s = t.scan(columns=["id", "status", "amt"], filter=[("n", "==", 1)])
+    got = duckdb.sql("select status, count(*) as n from s group by status").fetchall()
+    expected = {}
+    for r in rows:
+        if r["n"] == 1:
+            expected[r["status"]] = expected.get(r["status"], 0) + 1
+    assert dict(got) == expected
+    assert pa.table(s).num_rows == sum(expected.values())  # pyarrow through __arrow_c_stream__
+    caplog.set_level("DEBUG", logger="metatable.read.scan")
+    frame = t.scan().to_polars().filter(pl.col("amt") >= 2).select("id").collect()
+    assert sorted(frame["id"].to_list()) == sorted(r["id"] for r in rows if r["amt"] >= 2)
+    assert "reading columns ['id', 'amt']" in caplog.text  # Polars' projection reached the read
+
+
+def test_a_polars_limit_stops_the_read(tmp_path):
+    t = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", partition_by="day", table_type="copy_on_write",
+                        index=mt.IndexConfig(num_buckets=1))
+    t.upsert(orders(range(30)))
+    s = t.scan()
+    for fs in s.plan.slices[1:]:  # only the first slice can be read
+        os.remove(os.path.join(t.path, fs.partition, fs.base.file_name))
+    assert s.to_polars().head(2).collect().height == 2
+    with pytest.raises(MetatableError, match="missing|does not exist|No such file"):
+        s.to_polars().collect()
+
+
 def test_spark_reads_select_and_filter_the_same(spark, tmp_path):
     t = new_table(tmp_path / "t")
     filters = [[("day", "==", "2024-01-02"), ("n", "==", 1)], [("amt", ">", 6)]]

@@ -76,6 +76,33 @@ def test_a_write_creates_the_table_and_sql_reads_it(spark, tmp_path):
     assert spark.sql("SELECT max(id) AS m FROM by_ddl WHERE p = 'b'").collect()[0]["m"] == 4
 
 
+def test_sql_declares_views_and_refuses_catalog_tables(spark, tmp_path):
+    """Spark 4.0 hands a catalog table's options to a Python data source only when the table is created: such a
+    table is refused wherever metatable sees it, and a temporary view with columns creates the table."""
+    path = str(tmp_path / "declared")
+    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW declared (id BIGINT, p STRING, v STRING, ts BIGINT) USING metatable "
+              f"OPTIONS (path '{path}', record_key 'id', partition_by 'p', ordering_field 'ts')")
+    spark.sql("INSERT INTO declared VALUES (1, 'a', 'x', 1), (2, 'b', 'y', 1)")
+    t = mt.Table.open(path)
+    assert (t.config.record_key, t.config.partition_by, t.config.ordering_field) == (("id",), ("p",), "ts")
+    assert sort_rows(t.to_arrow().to_pylist()) == sort_rows([{"id": 1, "p": "a", "v": "x", "ts": 1},
+                                                             {"id": 2, "p": "b", "v": "y", "ts": 1}])
+    spark.sql(f"CREATE TABLE in_catalog (id BIGINT) USING metatable OPTIONS (path '{tmp_path}/c', record_key 'id')")
+    try:
+        for statement in ("SELECT * FROM in_catalog", "INSERT INTO in_catalog VALUES (1)"):
+            with pytest.raises(Exception, match="cannot be a table of Spark's catalog.*CREATE TEMPORARY VIEW"):
+                spark.sql(statement).collect()
+    finally:
+        spark.sql("DROP TABLE in_catalog")
+    for statement in (f"CREATE TABLE t2 USING metatable OPTIONS (path '{path}')",
+                      f"CREATE TABLE t3 USING metatable OPTIONS (path '{tmp_path}/t3', record_key 'id') AS SELECT 1L AS id"):
+        with pytest.raises(Exception, match="cannot be a table of Spark's catalog"):
+            spark.sql(statement)
+    assert not os.path.exists(f"{tmp_path}/c") and not os.path.exists(f"{tmp_path}/t3")
+    with pytest.raises(Exception, match="does not support deletes"):  # the README names the Python call
+        spark.sql("DELETE FROM declared WHERE id = 1")
+
+
 def test_bad_options_are_named(spark, table, tmp_path):
     df = spark.createDataFrame(rows([1], "a", "x", 1), DDL)
     with pytest.raises(Exception, match="overwrite is not supported"):

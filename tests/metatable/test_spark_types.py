@@ -1,6 +1,6 @@
 """Spark's types round-trip through every Spark write path: `Table.upsert(df)` (one task and shuffled),
-`format("metatable")`, a `StreamSink` stream and the CLI's `--spark`, whatever the session's time zone.
-(Nested types are not stored yet: issue 43.)"""
+`format("metatable")`, a `StreamSink` stream and the CLI's `--spark`, whatever the session's time zone; lists,
+structs and maps too."""
 from __future__ import annotations
 
 import datetime as dt
@@ -17,6 +17,8 @@ UTC = dt.timezone.utc
 SCHEMA = pa.schema([
     ("id", pa.int64()), ("p", pa.string()), ("ts", pa.timestamp("us", tz="UTC")), ("local", pa.timestamp("us")),
     ("d", pa.date32()), ("amount", pa.decimal128(12, 2)), ("blob", pa.binary()), ("ok", pa.bool_()), ("x", pa.float64()),
+    ("tags", pa.list_(pa.string())), ("addr", pa.struct([("city", pa.string()), ("zip", pa.int32())])),
+    ("attrs", pa.map_(pa.string(), pa.int64())),
 ])
 
 
@@ -25,7 +27,9 @@ def rows(ids: range, version: int) -> pa.Table:
         "id": i, "p": f"p{i % 3}", "ts": dt.datetime(2024, 3, 10, 1, 30, tzinfo=UTC) + dt.timedelta(hours=i, seconds=version),
         "local": dt.datetime(2024, 2, 10, 2, 30) + dt.timedelta(minutes=i), "d": dt.date(2024, 1, 1) + dt.timedelta(days=i),
         "amount": decimal.Decimal(f"{i}.{version:02d}"), "blob": bytes([i % 256, version]) if i % 5 else None,
-        "ok": i % 2 == 0, "x": i / 3 + version} for i in ids], schema=SCHEMA)
+        "ok": i % 2 == 0, "x": i / 3 + version, "tags": [f"t{i}", f"v{version}"] if i % 4 else None,
+        "addr": {"city": f"c{i}", "zip": version} if i % 3 else None, "attrs": [("n", i), ("v", version)]}
+        for i in ids], schema=SCHEMA)
 
 
 @pytest.fixture(params=["UTC", "America/New_York"])
