@@ -148,7 +148,7 @@ def int_column_max(path: str, column: str) -> int | None:
 
 
 def stored_values(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice, keys: pa.Array,
-                  column: str, above: int | None = None) -> pa.ChunkedArray:
+                  column: str, above: int | None = None, logs: Sequence[pa.Table] | None = None) -> pa.ChunkedArray:
     """`column` of each key's live row in the slice (null for a key it lacks): the base's rows of the keys,
     read page by page where the file has a key page index and the keys are few next to its pages (as `get`
     does), else the key and that column whole; then the logs merged on top. `above`: the caller needs no
@@ -157,7 +157,7 @@ def stored_values(storage: Storage, paths: TablePaths, config: TableConfig, fs: 
     is one of them reads as null. New rows' ordering values are usually the greatest: upserts into a
     merge-on-read table of 1M rows in 8 file groups, with a log each, cost 53 -> 119 ms (100 rows) and
     154 -> 346 ms (100k rows) to count what lost, reading everything; 50 -> 55 ms and 165 -> 188 ms so
-    (medians of 5, alternated)."""
+    (medians of 5, alternated). `logs`: the slice's log blocks already read (key, `column`, delete flag)."""
     field = config.storage_schema.field(column)
     schema = pa.schema([(KEY_COLUMN, pa.string()), field])
     path = base_path(paths, fs)
@@ -170,12 +170,16 @@ def stored_values(storage: Storage, paths: TablePaths, config: TableConfig, fs: 
             read_base(path, config.storage_schema, [KEY_COLUMN, column], config.known_columns)
         base = pa.table([rows[KEY_COLUMN], rows[column].cast(field.type)], schema=schema)
         base = base.filter(pc.is_in(base[KEY_COLUMN], value_set=keys))
-    logs = log_tables(storage, paths, config, fs, [KEY_COLUMN, column, DELETED_COLUMN]) if fs.logs else []
+    if logs is None:
+        logs = log_tables(storage, paths, config, fs, [KEY_COLUMN, column, DELETED_COLUMN]) if fs.logs else []
+    logs = [log.select([KEY_COLUMN, column, DELETED_COLUMN]) for log in logs]
     if above is not None:  # a version at or below it changes no answer the caller needs; deletes stay
         bound = pa.scalar(above, pa.int32() if pa.types.is_date32(field.type) else pa.int64()).cast(field.type)
         logs = [t.filter(pc.or_(t[DELETED_COLUMN], pc.fill_null(pc.greater(t[column], bound), False)))
                 for t in logs]
     logs = [t.filter(pc.is_in(t[KEY_COLUMN], value_set=keys)) for t in logs if t.num_rows]
+    if not base.num_rows and not any(t.num_rows for t in logs):  # the usual case: nothing above the bound
+        return pa.chunked_array([pa.nulls(len(keys), field.type)])
     merged = merge_versions([base, *logs], column if column == config.ordering_field else None, schema)
     return merged[column].take(pc.index_in(keys, value_set=merged[KEY_COLUMN].combine_chunks()))
 
@@ -280,7 +284,12 @@ def key_column(path: str) -> tuple[pa.ChunkedArray, int]:
 def log_keys(storage: Storage, paths: TablePaths, config: TableConfig,
              fs: FileSlice) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
     """What a slice's logs say about existence: the keys they touch, and those alive after them."""
-    logs = log_tables(storage, paths, config, fs, [KEY_COLUMN, DELETED_COLUMN])
+    return keys_of_logs(log_tables(storage, paths, config, fs, [KEY_COLUMN, DELETED_COLUMN]))
+
+
+def keys_of_logs(logs: Sequence[pa.Table]) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+    """`log_keys` of log blocks already read (their key and delete flag at least)."""
+    logs = [log.select([KEY_COLUMN, DELETED_COLUMN]) for log in logs]
     touched = pa.concat_tables(logs)[KEY_COLUMN]
     if not any(pc.any(log[DELETED_COLUMN]).as_py() for log in logs):
         return touched, touched  # no deletes: every key the logs touch is alive (the merge: 0.15 ms a slice)
