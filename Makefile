@@ -5,7 +5,9 @@ STAMP := $(VENV)/.installed
 SF ?= 0.1
 BENCH_SF ?= 1
 
-.PHONY: test demo bench clean
+RGW_PACKAGES := radosgw ceph-mon ceph-osd
+
+.PHONY: test demo bench clean rgw
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,7 +15,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,bench,plot]'
 	touch $(STAMP)
 
-test: $(STAMP)
+# a real S3 server for the object-store tests (Ceph RGW from Debian's packages; the tests start it on 127.0.0.1)
+rgw:
+	@command -v radosgw >/dev/null && command -v ceph-mon >/dev/null && command -v ceph-osd >/dev/null || { \
+		echo "installing $(RGW_PACKAGES) (Debian's packages, as root)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			$(RGW_PACKAGES) >/dev/null; }
+
+test: $(STAMP) rgw
 	$(PY) -m pytest -q -p no:cacheprovider
 
 demo: $(STAMP)
@@ -30,6 +39,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/resize.py --scale-factor $(BENCH_SF)
 	$(PY) benchmarks/indexer.py --scale-factor $(BENCH_SF)
 	$(PY) benchmarks/chaos.py
+	$(PY) benchmarks/object_store.py --scale-factors 0.1,$(BENCH_SF)
 
 clean:
 	rm -rf $(VENV) demo-data bench-data

@@ -16,6 +16,7 @@ One JSON line per configuration (commits, kills by role, failures by kind, the c
 fails. `make test` runs a short version of each configuration (tests/test_chaos.py).
 
     python benchmarks/chaos.py [--seconds 600] [--configs mor-bucket,mor-consistent-hashing,cow-bloom,mor-record]
+        [--tables s3://bucket/prefix]   # the tables on an object store (AWS_* variables), journals local
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from metatable.timeline.instant import DATA_ACTIONS  # noqa: E402
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.string()), ("ts", pa.int64())])
 OPTIONS = {"heartbeat.interval_s": 0.2, "heartbeat.tolerable_misses": 5, "clean.retain_commits": 4,
+           "lock.lease_s": 2.0,  # on an object store, a killed lock holder's lease runs out this soon
            "write.target_file_size": 256 << 10, "clustering.small_file_limit": 128 << 10,
            "clustering.updates": "abort_clustering",  # and a short active timeline, so archivals die too
            "archive.max_instants": 16, "archive.min_instants": 8, "metadata.archive.max_instants": 16,
@@ -256,11 +258,13 @@ def roles(config: dict) -> list[str]:
     return [f"writer-{i}" for i in range(WRITERS)] + services + ["reader"]
 
 
-def run_config(name: str, seconds: float, workdir: str, kill_every: tuple[float, float]) -> dict[str, Any]:
+def run_config(name: str, seconds: float, workdir: str, kill_every: tuple[float, float],
+               tables: str | None = None) -> dict[str, Any]:
     config = CONFIGS[name]
     base = os.path.join(workdir, name)
     shutil.rmtree(base, ignore_errors=True)
-    path, journals = os.path.join(base, "table"), os.path.join(base, "journals")
+    path = f"{tables}/{name}-{time.time_ns()}" if tables else os.path.join(base, "table")
+    journals = os.path.join(base, "journals")
     os.makedirs(journals)
     create(path, config)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(
@@ -386,6 +390,7 @@ def main() -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {list(CONFIGS)}")
     parser.add_argument("--kill-every", default="2,5", help="seconds between kills: MIN,MAX")
     parser.add_argument("--workdir", help="where the tables and journals go (default: a temporary directory)")
+    parser.add_argument("--tables", help="where the tables go instead: a directory or an s3:// prefix")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--table", help=argparse.SUPPRESS)
@@ -398,7 +403,7 @@ def main() -> int:
     low, high = map(float, args.kill_every.split(","))
     ok = True
     for name in args.configs.split(","):
-        result = run_config(name, args.seconds, workdir, (low, high))
+        result = run_config(name, args.seconds, workdir, (low, high), args.tables)
         emit(**result)
         ok &= result["ok"]
     return 0 if ok else 1

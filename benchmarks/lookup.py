@@ -88,7 +88,7 @@ def full_scan(table: mt.Table, keys: pa.Table) -> tuple[int, int, int]:
     wanted = record_keys(keys, KEY)
     found = files = read = 0
     for fs in table.file_slices().values():
-        column, size = key_column(base_path(table.context.paths, fs))
+        column, size = key_column(table.storage, base_path(table.context.paths, fs))
         found += int(members(wanted, column).sum())
         files += 1
         read += size

@@ -18,9 +18,9 @@ import pyarrow.json as pajson
 
 from metatable import config
 from metatable.errors import CorruptFileError, InvalidInputError, MetatableError, TableNotFoundError
-from metatable.metadata.table import MetadataTable
+from metatable.metadata.table import MetadataTable, metadata_location
 from metatable.services.rebuild import restore_properties
-from metatable.storage.local import LocalStorage
+from metatable.storage.location import storage_for, table_root
 from metatable.storage.paths import TablePaths
 from metatable.table import Table
 from metatable.table_config import BUCKET_ENGINES, INDEX_SCOPES, INDEX_TYPES, METADATA_INDEXES, TABLE_TYPES, IndexConfig
@@ -48,23 +48,26 @@ def _print_json(value: Any) -> None:
 
 
 def open_metadata(path: str) -> MetadataTable:
-    """A data table's metadata table (PATH/.metatable/metadata) or a standalone one at PATH."""
-    storage = LocalStorage()
-    attached = TablePaths(path).metadata
+    """A data table's metadata table (PATH/.metatable/metadata, or the one a rebuild made) or a standalone one
+    at PATH."""
+    storage, root = storage_for(path), table_root(path)
+    attached = metadata_location(storage, TablePaths(root)).metadata
     if storage.exists(attached.properties):
-        return MetadataTable.open(attached.root, authority=Timeline(storage, path))
-    return MetadataTable.open(path)
+        return MetadataTable.open(attached.root, storage=storage, authority=Timeline(storage, root))
+    return MetadataTable.open(root, storage=storage)
 
 
-def timeline_root(path: str) -> str:
-    meta = TablePaths(path).meta
-    if not os.path.isdir(meta):
-        raise TableNotFoundError(f"no metatable table at {path} (no {meta} directory)")
-    return path
+def open_timeline(path: str) -> Timeline:
+    """The timeline of the table (or standalone metadata table) at PATH."""
+    storage, root = storage_for(path), table_root(path)
+    paths = TablePaths(root)
+    if not storage.exists(paths.table_config) and not storage.exists(paths.properties):
+        raise TableNotFoundError(f"no metatable table at {path} (no {paths.table_config})")
+    return Timeline(storage, root)
 
 
 def cmd_timeline(args: argparse.Namespace) -> None:
-    tl = Timeline(LocalStorage(), timeline_root(args.path))
+    tl = open_timeline(args.path)
     instants = tl.instants()
     archived = tl.archived_instants() if args.all else []
     if not instants and not archived:
@@ -140,7 +143,7 @@ def cmd_metadata_rebuild(args: argparse.Namespace) -> None:
     try:
         table = Table.open(args.path)
     except CorruptFileError as e:  # the metadata table's properties: made again from the table config
-        if e.path != TablePaths(os.path.abspath(args.path)).metadata.properties:
+        if not e.path.endswith(os.path.join(".metatable", "properties.json")):
             raise
         restore_properties(args.path)
         table = Table.open(args.path)

@@ -54,6 +54,13 @@ OPTIONS: dict[str, Option] = {
         Option("metadata.archive.min_instants", int, 30,
                "... leaving at least this many active (and every one a pending data instant still needs)", minimum=1),
         Option("lock.timeout_s", float, 60.0, "how long to wait for the table lock", minimum=0.0),
+        Option("lock.lease_s", float, 60.0,
+               "on an object store, the table lock is a lease: its holder renews it every lease_s / 6, and a "
+               "holder silent for lease_s (paused, cut off, dead) loses it to the next process, and then fails "
+               "instead of committing (see timeline/lock.py)", minimum=0.5),
+        Option("metadata.sst_cache_bytes", int, 4 << 30,
+               "on an object store, SST base files are downloaded whole into a local read cache of this many "
+               "bytes at most (least recently opened evicted first)", minimum=0),
         Option("metadata.files.file_groups", int, 1, "file groups of the files partition", minimum=1),
         Option("metadata.column_stats.file_groups", int, 2, "file groups of the column_stats partition", minimum=1),
         Option("metadata.bloom_filter.file_groups", int, 2, "file groups of the bloom_filter partition", minimum=1),

@@ -106,8 +106,20 @@ class ClusteringConflict(ConflictError):
         self.clustering = clustering
 
 
+class MetadataReplacedError(ConflictError):
+    """Another process rebuilt the metadata table after this one opened the table: a commit from the old one
+    would be lost to readers, so it stops with nothing visible; open the table again (a write does, and runs
+    again)."""
+
+
 class LockTimeoutError(MetatableError, TimeoutError):
     """The table lock could not be taken in time."""
+
+
+class LeaseLostError(ConflictError):
+    """On an object store, the table lock is a lease: a holder paused or cut off for longer than `lock.lease_s`
+    loses it to another process, and its commit fails (nothing of it visible) instead of landing on a stale
+    conflict check. A write runs again like one that met a conflict."""
 
 
 class TimelineError(MetatableError):
@@ -126,6 +138,10 @@ class SnapshotExpiredError(InvalidInputError):
 class StorageError(MetatableError):
     """The storage refused a write: a read-only file system, no permission, or no space left. Nothing of the
     operation that met it is visible; reads of the table still work."""
+
+
+class StorageAccessError(StorageError):
+    """An object store refused a request for want of permission (credentials, the bucket's policy)."""
 
 
 STORAGE_ADVICE = {

@@ -2,8 +2,10 @@
 
 `METATABLE_CRASH_AT=<point>[:<n>]` makes the process SIGKILL itself the n-th
 time (default first) it reaches `point`; `METATABLE_PAUSE_AT=<point>:<seconds>`
-makes it sleep there (to hold two writers in a chosen interleaving). Unset
-(always, outside tests) each is a dictionary lookup and nothing more.
+makes it sleep there (to hold two writers in a chosen interleaving);
+`METATABLE_STOP_AT=<point>` makes it SIGSTOP itself there, every thread at once,
+as a long GC pause or a frozen VM would (whoever started it sends SIGCONT).
+Unset (always, outside tests) each is a dictionary lookup and nothing more.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ def crash_point(name: str) -> None:
         point, _, seconds = pause.partition(":")
         if point == name:
             time.sleep(float(seconds or 1))
+    if os.environ.get("METATABLE_STOP_AT") == name:
+        os.kill(os.getpid(), signal.SIGSTOP)
     spec = os.environ.get("METATABLE_CRASH_AT")
     if not spec:
         return

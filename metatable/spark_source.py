@@ -6,8 +6,12 @@
   too, so Spark need not apply them again.
 - `df.write.format("metatable").option("operation", "upsert").mode("append").save(path)` writes through
   `Table`'s own write path and commit protocol: each Spark task stages its rows (Arrow IPC) under
-  `.metatable/spill/`, and the driver's commit streams them into one `Table.upsert` (or `insert`, `delete`,
-  `bulk_insert`) as one instant; an aborted job's staging is deleted, and a dead one's is swept by clean.
+  `.metatable/spill/` (in the bucket, for a table on an object store), and the driver's commit streams them
+  into one `Table.upsert` (or `insert`, `delete`, `bulk_insert`) as one instant; an aborted job's staging is
+  deleted, and a dead one's is swept by clean.
+- A path may be an `s3://` URL: options `storage.<name>` (`storage.endpoint`, `storage.access_key_id`, ...)
+  are its `storage_options`, over the environment's AWS settings. The driver resolves them and hands the
+  storage to the tasks, so executors need neither the variables nor Hadoop's S3 connector.
   A missing table is created from the DataFrame's schema and the options `record_key`, `partition_by`,
   `ordering_field`, `table_type`, `index` (bucket, bloom, record), `num_buckets`. Option
   `schema_mode` = `merge` adds the DataFrame's new columns to the table in the same commit.
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -40,7 +43,8 @@ from metatable.read import reads
 from metatable.read.scan_filter import Conjunct, row_mask
 from metatable.spark.executors import ship_packages
 from metatable.spark.session import spark_session as local_session, to_spark_schema
-from metatable.storage.local import LocalStorage
+from metatable.storage.base import Storage
+from metatable.storage.location import storage_for, table_root
 from metatable.storage.paths import TablePaths
 from metatable.table import Table
 from metatable.table_config import IndexConfig
@@ -52,6 +56,7 @@ log = logging.getLogger(__name__)
 NEW_TABLE_OPTIONS = {"record_key", "partition_by", "ordering_field", "table_type", "index", "num_buckets"}
 READ_OPTIONS = {"path", "as_of", "read_optimized", *NEW_TABLE_OPTIONS}
 WRITE_OPTIONS = {"path", "operation", "schema_mode", *NEW_TABLE_OPTIONS}
+STORAGE_PREFIX = "storage."  # options that are the table's storage_options
 NOT_IN_CATALOG = (
     "a metatable table cannot be a table of Spark's catalog (CREATE TABLE ... USING metatable): Spark 4.0 gives a "
     "Python data source a catalog table's options when the table is created but not when it is read or written, "
@@ -88,7 +93,7 @@ class MetatableDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         table = self._table(READ_OPTIONS, declared=schema)
-        return SnapshotReader(table.path, dict(self.options), self._snapshot_schema(table))
+        return SnapshotReader(table.path, table.storage, dict(self.options), self._snapshot_schema(table))
 
     def _snapshot_schema(self, table: Table) -> pa.Schema:
         """The columns of the snapshot read: the table's now, or as of option `as_of`."""
@@ -102,35 +107,42 @@ class MetatableDataSource(DataSource):
         operation = self.options.get("operation", "upsert")
         if operation not in OPERATIONS:
             raise ConfigError(f"option operation={operation!r} is not one of {list(OPERATIONS)}")
-        existing = Table.open(path).schema if LocalStorage().exists(TablePaths(path).table_config) else None
+        storage = self._storage(path)
+        existing = Table.open(path, storage=storage).schema if storage.exists(TablePaths(path).table_config) else None
         wall_clock = [f.name for f in existing or () if pa.types.is_timestamp(f.type) and f.type.tz is None]
-        return StagedWriter(path, operation, dict(self.options), wall_clock)
+        return StagedWriter(path, storage, operation, dict(self.options), wall_clock)
 
     def _table(self, allowed: set[str], declared: StructType | None = None) -> Table:
         """The table at the path; a missing one is created from the declared columns (a temporary view's, or
         `spark.read.schema(...)`'s) and the new-table options when Spark first plans a read of it."""
         path = self._path(allowed)
-        if LocalStorage().exists(TablePaths(path).table_config):
-            return Table.open(path)
+        storage = self._storage(path)
+        if storage.exists(TablePaths(path).table_config):
+            return Table.open(path, storage=storage)
         if declared is None or not len(declared.fields) or "record_key" not in self.options:
             raise TableNotFoundError(
                 f"no metatable table at {path}: create it with metatable.Table.create, or declare it in SQL with "
                 "its columns and option record_key: CREATE TEMPORARY VIEW t (...) USING metatable OPTIONS "
                 "(path '...', record_key '...')")
-        return create_from_options(path, to_arrow_schema(declared, timezone="UTC"), self.options)
+        return create_from_options(path, storage, to_arrow_schema(declared, timezone="UTC"), self.options)
 
     def _path(self, allowed: set[str]) -> str:
         if "provider" in self.options or not self.options:  # a catalog table's: on CREATE, then none at all
             raise ConfigError(NOT_IN_CATALOG)
-        unknown = sorted(set(self.options) - allowed)
+        unknown = sorted(name for name in set(self.options) - allowed if not name.startswith(STORAGE_PREFIX))
         if unknown:
-            raise ConfigError(f"unknown metatable source option(s) {unknown}; known: {sorted(allowed)}")
+            raise ConfigError(f"unknown metatable source option(s) {unknown}; known: {sorted(allowed)} and "
+                              f"{STORAGE_PREFIX}<storage option>")
         if not self.options.get("path"):
             raise InvalidInputError("give the table's path: .load(path) or .save(path)")
-        return os.path.abspath(self.options["path"])
+        return table_root(self.options["path"])
+
+    def _storage(self, path: str) -> Storage:
+        return storage_for(path, {name[len(STORAGE_PREFIX):]: value for name, value in self.options.items()
+                                  if name.startswith(STORAGE_PREFIX)})
 
 
-def create_from_options(path: str, schema: pa.Schema, options: dict[str, str]) -> Table:
+def create_from_options(path: str, storage: Storage, schema: pa.Schema, options: dict[str, str]) -> Table:
     """A new table with the given columns, made as the source's options say (`NEW_TABLE_OPTIONS`)."""
     def columns(option: str) -> list[str] | None:
         text = options.get(option)
@@ -140,7 +152,7 @@ def create_from_options(path: str, schema: pa.Schema, options: dict[str, str]) -
     index = IndexConfig(type=kind, **({"num_buckets": int(options["num_buckets"])} if "num_buckets" in options else {}))
     return Table.create(path, schema, columns("record_key"), columns("partition_by"), options.get("ordering_field"),
                         options.get("table_type", "merge_on_read"), index,
-                        ("column_stats", "bloom_filter") if kind == "bloom" else ("column_stats",))
+                        ("column_stats", "bloom_filter") if kind == "bloom" else ("column_stats",), storage=storage)
 
 
 # -- reads ------------------------------------------------------------------------------------------------
@@ -150,8 +162,9 @@ class SlicePartition(InputPartition):
 
 
 class SnapshotReader(DataSourceReader):
-    def __init__(self, path: str, options: dict[str, str], schema: pa.Schema) -> None:
+    def __init__(self, path: str, storage: Storage, options: dict[str, str], schema: pa.Schema) -> None:
         self.path = path
+        self.storage = storage  # pickled to the tasks with its settings
         self.schema = schema  # the snapshot's, as `MetatableDataSource.schema` declared it
         self.as_of = options.get("as_of")
         self.read_optimized = options.get("read_optimized", "false").lower() == "true"
@@ -167,7 +180,7 @@ class SnapshotReader(DataSourceReader):
                 self.filters.append(conjunct)
 
     def partitions(self) -> list[SlicePartition]:
-        table = Table.open(self.path)
+        table = Table.open(self.path, storage=self.storage)
         plan = reads.scan_plan(table.context, self.as_of, self.filters)
         log.info("metatable source: %d of %d file slices read (%d skipped by column stats)", len(plan.slices),
                  plan.total, plan.report["skipped"])
@@ -176,7 +189,7 @@ class SnapshotReader(DataSourceReader):
     def read(self, partition: SlicePartition) -> Iterator[pa.RecordBatch]:
         if partition.file_slice is None:
             return
-        table = Table.open(self.path)
+        table = Table.open(self.path, storage=self.storage)
         # the config's widest schema holds every column of the snapshot's: it is read into, then projected and cast
         rows = read_slice(table.storage, table.context.paths, table.config, partition.file_slice, self.read_optimized)
         rows = rows.select(self.schema.names).cast(self.schema)
@@ -208,13 +221,15 @@ class StreamSink:
     `Table.apply_changes` (a row whose column holds one of `delete_values` deletes its key)."""
 
     def __init__(self, path: str, stream: str, operation: str = "upsert", schema_mode: str | None = None,
-                 operation_column: str | None = None, delete_values: Sequence[Any] = DELETE_VALUES) -> None:
+                 operation_column: str | None = None, delete_values: Sequence[Any] = DELETE_VALUES,
+                 storage_options: dict[str, Any] | None = None) -> None:
         if operation not in OPERATIONS:
             raise ConfigError(f"operation {operation!r} is not one of {list(OPERATIONS)}")
         if operation_column is not None and (operation != "upsert" or schema_mode is not None):
             raise ConfigError("a StreamSink with an operation_column upserts and deletes as each row says: give "
                               "neither operation nor schema_mode")
         self.path = path
+        self.storage = storage_for(path, storage_options)  # an s3:// URL's: resolved once, on the driver
         self.stream = stream
         self.operation = operation
         self.schema_mode = schema_mode  # "merge": a batch's new columns are added to the table
@@ -222,7 +237,7 @@ class StreamSink:
         self.delete_values = tuple(delete_values)
 
     def __call__(self, batch: Any, batch_id: int) -> None:
-        table = Table.open(self.path)
+        table = Table.open(self.path, storage=self.storage)
         txn = Txn(self.stream, int(batch_id))
         if self.operation_column is not None:
             result = table.apply_changes(batch, self.operation_column, self.delete_values, txn=txn)
@@ -241,8 +256,10 @@ class Staged(WriterCommitMessage):
 
 
 class StagedWriter(DataSourceArrowWriter):
-    def __init__(self, path: str, operation: str, options: dict[str, str], wall_clock: list[str]) -> None:
+    def __init__(self, path: str, storage: Storage, operation: str, options: dict[str, str],
+                 wall_clock: list[str]) -> None:
         self.path = path
+        self.storage = storage
         self.operation = operation
         self.options = options
         self.staging = TablePaths(path).source_staging(uuid.uuid4().hex)
@@ -253,12 +270,14 @@ class StagedWriter(DataSourceArrowWriter):
         first = next(batches, None)
         if first is None:
             return Staged(None)
-        os.makedirs(self.staging, exist_ok=True)
         target = os.path.join(self.staging, f"{uuid.uuid4().hex}.arrow")
-        with pa.OSFile(target, "wb") as sink, pa.ipc.new_file(sink, first.schema) as out:
+        self.storage.makedirs(self.staging)
+        staged = self.storage.staging_path(target)
+        with pa.OSFile(staged, "wb") as sink, pa.ipc.new_file(sink, first.schema) as out:
             out.write_batch(first)
             for batch in batches:
                 out.write_batch(batch)
+        self.storage.publish(staged, target)
         return Staged(target)
 
     def _as_declared(self, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -277,7 +296,7 @@ class StagedWriter(DataSourceArrowWriter):
             files = [m.path for m in messages if m is not None and m.path]
             table = self._table(files)
             if files:
-                data = ds.dataset(files, format="arrow")
+                data = ds.dataset(files, format="arrow", filesystem=self.storage.arrow_filesystem())
                 mode = self.options.get("schema_mode")
                 result = table.delete(data) if self.operation == "delete" else \
                     getattr(table, self.operation)(data, schema_mode=mode)
@@ -285,23 +304,23 @@ class StagedWriter(DataSourceArrowWriter):
                          self.operation, result.instant, result.inserted, result.updated, result.upserted,
                          result.deleted)
         finally:
-            shutil.rmtree(self.staging, ignore_errors=True)
+            self.storage.remove_dir(self.staging)
 
     def abort(self, messages: list[Staged | None]) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
+        self.storage.remove_dir(self.staging)
 
     def _table(self, files: list[str]) -> Table:
         """The table at the path, or a new one made from the written schema and the options."""
-        if LocalStorage().exists(TablePaths(self.path).table_config):
-            return Table.open(self.path)
+        if self.storage.exists(TablePaths(self.path).table_config):
+            return Table.open(self.path, storage=self.storage)
         if self.operation == "delete":
             raise InvalidInputError(f"no metatable table at {self.path} to delete from")
         if "record_key" not in self.options:
             raise InvalidInputError(f"no metatable table at {self.path}: to create one, give option record_key "
                                     "(and partition_by, ordering_field, table_type, index, num_buckets)")
-        schema = ds.dataset(files, format="arrow").schema if files else None
+        schema = ds.dataset(files, format="arrow", filesystem=self.storage.arrow_filesystem()).schema if files else None
         if schema is None:
             raise InvalidInputError(f"no metatable table at {self.path}, and no rows to create it from")
-        return create_from_options(self.path, schema, self.options)
+        return create_from_options(self.path, self.storage, schema, self.options)
 
 

@@ -16,7 +16,8 @@ import pyarrow as pa
 
 from metatable.commit.context import TableContext
 from metatable.errors import (
-    ClusteringConflict, ConflictError, InvalidInputError, MetatableError, RollbackError, storage_errors)
+    ClusteringConflict, ConflictError, InvalidInputError, MetadataReplacedError, MetatableError, RollbackError,
+    storage_errors)
 from metatable.file_group.file_slice import FileSlice
 from metatable.read import reads
 from metatable.read.key_lookup import get_rows, keys_table, locate
@@ -26,6 +27,7 @@ from metatable.services import clean, clustering, compaction, fsck, indexer, mai
 from metatable.services.fsck import FsckReport
 from metatable.services.rebuild import RebuildReport
 from metatable.storage.base import Storage
+from metatable.storage.location import storage_for
 from metatable.table_config import IndexConfig, TableConfig, as_tuple, normalize_schema
 from metatable.timeline.instant import Action, Instant
 from metatable.write.change_feed import DELETE_VALUES, flagged
@@ -56,9 +58,10 @@ __all__ = ["Table", "Txn", "WriteResult", "IndexConfig", "MetatableError"]
 
 
 class Table:
-    def __init__(self, path: str, *, storage: Storage | None = None, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, path: str, *, storage: Storage | None = None, options: Mapping[str, Any] | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         self.options = dict(options or {})
-        self._open(path, storage)
+        self._open(path, storage or storage_for(path, storage_options))
         self.path = self.context.root
         self.storage = self.context.storage
         self.last_scan: dict[str, int] = {}
@@ -76,7 +79,10 @@ class Table:
                partition_by: str | Sequence[str] | None = None, ordering_field: str | None = None,
                table_type: str = "merge_on_read", index: IndexConfig | None = None,
                metadata_indexes: Sequence[str] = ("column_stats",), options: Mapping[str, Any] | None = None,
-               storage: Storage | None = None) -> Table:
+               storage: Storage | None = None, storage_options: Mapping[str, Any] | None = None) -> Table:
+        """A new table at `path`: a local directory, or an `s3://bucket/prefix` URL on an S3-compatible store
+        (endpoint and credentials from `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+        `AWS_REGION`, or `storage_options` in the spellings delta-rs and pyiceberg take)."""
         if not isinstance(schema, pa.Schema):
             raise InvalidInputError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
         index = index or IndexConfig()
@@ -84,12 +90,15 @@ class Table:
                                              "record_index" not in metadata_indexes else ())
         config = TableConfig(normalize_schema(schema), as_tuple(record_key), as_tuple(partition_by), ordering_field,
                              table_type, index, indexes, dict(options or {}))
+        storage = storage or storage_for(path, storage_options)
         with storage_errors(f"create {path}"):
             return cls(TableContext.create(path, config, storage), storage=storage)
 
     @classmethod
-    def open(cls, path: str, options: Mapping[str, Any] | None = None, storage: Storage | None = None) -> Table:
-        return cls(path, storage=storage, options=options)
+    def open(cls, path: str, options: Mapping[str, Any] | None = None, storage: Storage | None = None,
+             storage_options: Mapping[str, Any] | None = None) -> Table:
+        """The table at `path` (a directory or an `s3://` URL, as for `create`)."""
+        return cls(path, storage=storage, options=options, storage_options=storage_options)
 
     def timeline(self, archived: bool = False) -> list[Instant]:
         """The active timeline's instants, oldest first; with `archived`, the archived ones before them (all
@@ -135,25 +144,30 @@ class Table:
 
     def _write(self, data: Any, operation: str, txn: Txn | None, schema_mode: str | None = None,
                where: Any = None, assignments: Mapping[str, Any] | None = None) -> WriteResult:
-        client = WriteClient(self.context, self.metadata_index)
         retries = self.config.options["write.conflict_retries"] if replayable(data) else 0
-        result = self._retried(lambda: client.write(data, operation, txn, schema_mode, where, assignments),
-                               operation, retries)
+        result, client = self._retried(lambda c: c.write(data, operation, txn, schema_mode, where, assignments),
+                                       operation, retries)
         maintenance.after_commit(self.context, client.action, result.instant)
         return result
 
-    def _retried(self, attempt: Callable[[], R], operation: str, retries: int) -> R:
-        """`attempt()`, again from a new snapshot (up to `retries` times) when it lost to a concurrent write."""
-        for tried in range(retries):
+    def _retried(self, attempt: Callable[[WriteClient], R], operation: str, retries: int) -> tuple[R, WriteClient]:
+        """`attempt(client)`, again from a new snapshot (up to `retries` times) when it lost to a concurrent
+        write; with the table opened again when another process replaced its metadata table (a rebuild)."""
+        for tried in range(retries + 1):
+            client = WriteClient(self.context, self.metadata_index)
             try:
-                return attempt()
+                return attempt(client), client
             except ClusteringConflict:  # the clustering must complete first: the caller retries after it
                 raise
             except ConflictError as e:
+                if tried == retries:
+                    raise
                 log.info("%s on %s lost to a concurrent write (%s); again from a new snapshot", operation,
                          self.path, e)
+                if isinstance(e, MetadataReplacedError):
+                    self._reopen()
                 time.sleep(random.uniform(0.01, 0.05) * 2 ** tried)  # writers that collided do not again
-        return attempt()
+        raise AssertionError("unreachable")
 
     @writes
     def apply_changes(self, data: Any, operation_column: str = "op", delete_values: Sequence[Any] = DELETE_VALUES,
@@ -176,9 +190,8 @@ class Table:
         "closed")]`. An update below the stored row's ordering value is not written (counted `stale`); rows
         no clause takes are counted `skipped`."""
         clauses = MergeClauses(matched_update, matched_delete, not_matched_insert)
-        client = WriteClient(self.context, self.metadata_index)
-        result = self._retried(lambda: client.merge(source, clauses, txn), "merge",
-                               self.config.options["write.conflict_retries"])
+        result, client = self._retried(lambda c: c.merge(source, clauses, txn), "merge",
+                                       self.config.options["write.conflict_retries"])
         maintenance.after_commit(self.context, client.action, result.instant)
         return result
 
@@ -195,9 +208,8 @@ class Table:
         up), in one commit: rows written before read the new columns as nulls, and reads as of earlier instants
         keep their own schema. Dropping, narrowing or retyping a column is refused before anything is written.
         Returns the instant, None when the table has every field already."""
-        client = WriteClient(self.context, self.metadata_index)
-        return self._retried(lambda: client.add_columns(fields), "add_columns",
-                             self.config.options["write.conflict_retries"])
+        return self._retried(lambda c: c.add_columns(fields), "add_columns",
+                             self.config.options["write.conflict_retries"])[0]
 
     @writes
     def set_options(self, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,10 +17,10 @@ CONFIGS = ["mor-bucket", "mor-consistent-hashing", "cow-bloom", "mor-record"]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS)
-def test_everything_at_once_with_kills(config, tmp_path):
+def test_everything_at_once_with_kills(config, lake, tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--configs", config,
-                           "--seconds", "20", "--kill-every", "1,2", "--workdir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+                           "--seconds", "20", "--kill-every", "1,2", "--workdir", str(tmp_path),
+                           "--tables", lake.root], capture_output=True, text=True, timeout=600, cwd=ROOT)
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1, done.stdout[-2000:] + done.stderr[-3000:]
     result = lines[0]

@@ -6,7 +6,6 @@ timeline. Actions and services take a context, never a `Table`, so they depend o
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping, TypeVar
@@ -19,13 +18,13 @@ from metatable.config import METADATA_PREFIXES
 from metatable.errors import (ConfigError, CorruptFileError, MetatableError, MissingFileError, TableExistsError,
                               TableNotFoundError)
 from metatable.formats.clustering_plan import RESIZE
-from metatable.metadata.table import MetadataTable, finish_swap
+from metatable.metadata.table import MetadataTable, metadata_location
 from metatable.storage.base import Storage, read_json, write_json
-from metatable.storage.local import LocalStorage
+from metatable.storage.location import storage_for, table_root
 from metatable.storage.paths import TablePaths
 from metatable.table_config import READY, TableConfig
 from metatable.timeline.instant import WRITE_ACTIONS, Action, Instant
-from metatable.timeline.lock import TableLock
+from metatable.timeline.lock import table_lock
 from metatable.timeline.timeline import Timeline
 from metatable.timeline.transaction import Transactions
 
@@ -126,26 +125,30 @@ class TableContext:
 
     @classmethod
     def open(cls, path: str, storage: Storage | None = None, options: Mapping[str, Any] | None = None,
-             roll_forward: Mapping[Action, Callable[[TableContext, Instant], None]] | None = None) -> TableContext:
-        """The context of the table at `path`. `roll_forward`: how to finish a service that cannot be undone
+             roll_forward: Mapping[Action, Callable[[TableContext, Instant], None]] | None = None,
+             storage_options: Mapping[str, Any] | None = None) -> TableContext:
+        """The context of the table at `path` (a directory, or an `s3://` URL reached with `storage_options`
+        and the environment's AWS settings). `roll_forward`: how to finish a service that cannot be undone
         (clean), should its process die; the services live above the context, so they hand it in."""
-        storage = storage or LocalStorage()
-        paths = TablePaths(os.path.abspath(path))
-        if not storage.exists(paths.table_config):
-            raise TableNotFoundError(f"no metatable table at {path} (missing {paths.table_config}); use Table.create")
+        storage = storage or storage_for(path, storage_options)
+        paths = TablePaths(table_root(path))
+        storage.check(paths.meta)
         try:
-            config = TableConfig.from_json(storage.read(paths.table_config).decode(), options)
+            raw = storage.read(paths.table_config)
+        except FileNotFoundError:
+            raise TableNotFoundError(f"no metatable table at {path} (missing {paths.table_config}); use Table.create") \
+                from None
+        try:
+            config = TableConfig.from_json(raw.decode(), options)
         except MetatableError:  # an unknown option among `options`
             raise
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptFileError(paths.table_config, f"not a table config ({type(e).__name__}: {e}); it holds the "
                                                        "schema, the key and the options") from None
         opts = config.options
-        timeline = Timeline(storage, paths.root, TableLock(paths.lock, opts["lock.timeout_s"]),
-                            opts["heartbeat.interval_s"], opts["heartbeat.tolerable_misses"])
-        if storage.exists(paths.metadata_rebuild.rebuilt_marker):  # a rebuild died between its two renames
-            with timeline.lock.held():
-                finish_swap(storage, paths)
+        paths = metadata_location(storage, paths)
+        lock = table_lock(storage, paths.lock, opts["lock.timeout_s"], opts["lock.lease_s"])
+        timeline = Timeline(storage, paths.root, lock, opts["heartbeat.interval_s"], opts["heartbeat.tolerable_misses"])
         mdt_options = {k: v for k, v in opts.items() if k.startswith(METADATA_PREFIXES)}
         try:
             metadata = MetadataTable(paths.metadata.root, storage=storage, options=mdt_options, authority=timeline)
@@ -165,8 +168,9 @@ class TableContext:
     @staticmethod
     def create(path: str, config: TableConfig, storage: Storage | None = None) -> str:
         """Write a new table's config; its metadata table follows when it is first opened."""
-        storage = storage or LocalStorage()
-        paths = TablePaths(os.path.abspath(path))
+        storage = storage or storage_for(path)
+        paths = TablePaths(table_root(path))
+        storage.check(paths.meta)
         if not storage.create_exclusive(paths.table_config, config.to_json().encode()):
             raise TableExistsError(f"a table already exists at {paths.root}")
         log.info("created %s table at %s", config.table_type, paths.root)

@@ -29,7 +29,7 @@ from metatable.commit.dual_writes import DUAL, dual_rows, merge_into_base, resiz
 from metatable.commit.index_records import Change, change_records
 from metatable.commit.schema_history import record_schema
 from metatable.commit.timeline_view import FileGroup, TimelineView, group_name, parse_group_name
-from metatable.errors import ConflictError
+from metatable.errors import ConflictError, MetadataReplacedError
 from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET, BaseFile, new_write_token
 from metatable.file_group.base_file_writer import new_file
@@ -37,6 +37,7 @@ from metatable.file_group.slice_reader import base_keys_present, key_column, mem
 from metatable.file_group.written import WrittenFile
 from metatable.formats.data_log import read_data_log, write_data_log, write_parquet_log
 from metatable.formats.log_file import LogFile
+from metatable.metadata.table import metadata_location
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
 from metatable.timeline.instant import BOOTSTRAP_TIME, Action, Instant
 from metatable.timeline.markers import clear, mark, marked_files
@@ -72,6 +73,9 @@ def publish(context: TableContext, c: Commit) -> Content:
     """Under the lock: check, record a schema change, roll back clusterings this write wins over, re-home,
     write the metadata deltacommit; returns the commit metadata."""
     time_ = c.instant.time
+    if metadata_location(context.storage, context.paths).metadata_dir != context.paths.metadata_dir:
+        raise MetadataReplacedError(f"{c.committer.action.value} {time_} on {context.root}: the metadata table was "
+                                    "rebuilt since this process opened the table; open it again and retry")
     duals = [f for f in c.files if f.kind == DUAL]
     files = [f for f in c.files if f.kind != DUAL]
     touched = sorted(c.file_groups if c.file_groups is not None else {f.group for f in files})
@@ -281,16 +285,16 @@ def move_into(context: TableContext, slots: LogSlots, instant: str, f: WrittenFi
             return f
         target = LogFile(f.file_id, base, version, lf.write_token)
         mark(context.storage, context.paths, instant, context.paths.relative(f.partition, target.file_name))
-        context.storage.publish(source, context.paths.file(f.partition, target.file_name))
+        context.storage.move(source, context.paths.file(f.partition, target.file_name))
+        size = f.size
     else:
         target = LogFile(f.file_id, base, version, f"{instant}-{new_write_token()}")
         mark(context.storage, context.paths, instant, context.paths.relative(f.partition, target.file_name))
-        write_parquet_log(context.storage, context.paths.file(f.partition, target.file_name), instant,
-                          context.storage.read(source), f.rows)
+        size = write_parquet_log(context.storage, context.paths.file(f.partition, target.file_name), instant,
+                                 context.storage.read(source), f.rows)
         context.storage.delete(source)
     log.info("instant %s: %s re-homed as %s", instant, f.file_name, target.file_name)
-    return WrittenFile(f.partition, f.file_id, target.file_name, "log",
-                       context.storage.size(context.paths.file(f.partition, target.file_name)), f.rows)
+    return WrittenFile(f.partition, f.file_id, target.file_name, "log", size, f.rows)
 
 
 def successors(view: TimelineView, group: FileGroup) -> list[FileGroup]:
@@ -320,7 +324,7 @@ def split_into_successors(context: TableContext, view: TimelineView, slots: LogS
         raise ConflictError(f"write {instant}: file group {f.group} was replaced and nothing took over its rows")
     source = context.paths.file(f.partition, f.file_name)
     rows = read_data_log(context.storage, source, config.log_schema)[1] if f.kind == "log" else \
-        read_base(source, config.storage_schema)
+        read_base(context.storage, source, config.storage_schema)
     keys = rows[KEY_COLUMN]
     if config.index.type == "bucket":
         ids = view.bucket_assigner(config.index).file_ids(keys, pa.repeat(pa.scalar(f.partition, pa.string()),
@@ -340,11 +344,10 @@ def split_into_successors(context: TableContext, view: TimelineView, slots: LogS
         base, version = slots.next((f.partition, file_id))
         target = LogFile(file_id, base, version, f"{instant}-{new_write_token()}")
         path = new_file(context.storage, context.paths, instant, f.partition, target.file_name)
-        write_data_log(context.storage, path, instant, part if f.kind == "log" else
-                       part.append_column(DELETED_COLUMN, pa.array(np.zeros(len(part), bool))),
-                       *config.log_encoding)
-        out.append(WrittenFile(f.partition, file_id, target.file_name, "log", context.storage.size(path),
-                               part.num_rows))
+        size = write_data_log(context.storage, path, instant, part if f.kind == "log" else
+                              part.append_column(DELETED_COLUMN, pa.array(np.zeros(len(part), bool))),
+                              *config.log_encoding)
+        out.append(WrittenFile(f.partition, file_id, target.file_name, "log", size, part.num_rows))
     context.storage.delete(source)
     log.info("instant %s: %s (of replaced file group %s) split into %d logs", instant, f.file_name, f.group, len(out))
     return out
@@ -377,7 +380,7 @@ def shared_keys(context: TableContext, ours: Sequence[WrittenFile], writes: Sequ
             if record is not None:
                 maybe = BloomFilter.from_bytes(record["bloom_filter"], name).might_contain(candidates.to_pylist())
                 candidates = candidates.filter(pa.array(maybe))
-            present, _ = base_keys_present(path, candidates)
+            present, _ = base_keys_present(context.storage, path, candidates)
         else:
             present = members(candidates, stored_keys(context, partition, name))
         found += candidates.filter(pa.array(present)).to_pylist()
@@ -388,6 +391,6 @@ def stored_keys(context: TableContext, partition: str, name: str) -> pa.ChunkedA
     """The keys a data file stores live: a base file's key column, a log block's keys not deleted by it."""
     path = context.paths.file(partition, name)
     if name.endswith("." + PARQUET):
-        return key_column(path)[0]
+        return key_column(context.storage, path)[0]
     rows = read_data_log(context.storage, path, context.config.log_schema)[1].select([KEY_COLUMN, DELETED_COLUMN])
     return rows.filter(pc.invert(rows[DELETED_COLUMN]))[KEY_COLUMN]

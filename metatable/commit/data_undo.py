@@ -40,6 +40,6 @@ class DataUndo:
             self.storage.delete(f"{self.paths.root}/{relative}")
         self.metadata.rollback(time)
         forget_schema(self.storage, self.paths, time)
-        shutil.rmtree(self.paths.spill(time), ignore_errors=True)  # a stream's input, spilled by file group
+        shutil.rmtree(self.storage.scratch(self.paths.spill(time)), ignore_errors=True)  # a stream's spilled input
         clear(self.storage, self.paths, time)
         return {"deleted": files}

@@ -104,13 +104,13 @@ def base_file_records(storage: Storage, paths: TablePaths, config: TableConfig, 
         if f.column_stats:
             out["column_stats"] = pickle.loads(f.column_stats)
         else:
-            with naming_damage(path), pq.ParquetFile(path, page_checksum_verification=True) as parquet:
+            with naming_damage(path), pq.ParquetFile(storage.open_input(path), page_checksum_verification=True) as parquet:
                 present = set(parquet.schema_arrow.names)  # a file written before a column was added lacks it
                 columns = [c for c in config.stats_columns() if c in present]
                 rows = parquet.read(columns=columns)
                 out["column_stats"] = file_column_stats(rows, columns, f.partition, f.file_name, parquet.metadata)
     if "bloom_filter" in partitions:
-        bloom = f.bloom_filter or BloomFilter.build(key_column(path)[0], config.options["index.bloom.fpp"]).to_bytes()
+        bloom = f.bloom_filter or BloomFilter.build(key_column(storage, path)[0], config.options["index.bloom.fpp"]).to_bytes()
         out["bloom_filter"] = {bloom_filter_key(f.partition, f.file_name): {
             "file_name": f.file_name, "filter_type": FILTER_TYPE, "instant": BaseFile.parse(f.file_name).instant,
             "bloom_filter": bloom, "is_deleted": False}}
@@ -132,10 +132,10 @@ def record_index_records(storage: Storage, paths: TablePaths, config: TableConfi
         tombstone = kind.encode(entry_of(f.partition, "", instant, change.completed_at, deleted=True))
         gone = None
         if f.file_name.endswith("." + PARQUET):
-            live = key_column(path)[0]
+            live = key_column(storage, path)[0]
             previous = change.superseded.get((f.partition, f.file_id))
             if change.action is Action.COMMIT and previous is not None:  # a copy-on-write rewrite
-                old = key_column(paths.file(f.partition, previous))[0]
+                old = key_column(storage, paths.file(f.partition, previous))[0]
                 gone = old.filter(pa.array(~members(old, live)))
         else:
             rows = read_data_log(storage, path, key_schema(config))[1]
@@ -177,7 +177,7 @@ def live_keys(storage: Storage, paths: TablePaths, config: TableConfig, fs: File
     (only key columns are read): the last version of each key, in the slice's order, unless a delete."""
     parts = []
     if fs.base is not None:
-        keys = key_column(paths.file(fs.partition, fs.base.file_name))[0]
+        keys = key_column(storage, paths.file(fs.partition, fs.base.file_name))[0]
         parts.append(versions(keys, pa.repeat(False, len(keys)), 0, stamp_of(fs.base.instant)))
     for seq, lf in enumerate(fs.logs, 1):
         rows = read_data_log(storage, paths.file(fs.partition, lf.file_name), key_schema(config))[1]

@@ -27,16 +27,19 @@ def base_path(paths: TablePaths, fs: FileSlice) -> str | None:
     return paths.file(fs.partition, fs.base.file_name) if fs.base else None
 
 
-def read_base(path: str, schema: pa.Schema | None = None, columns: Sequence[str] | None = None,
-              known: Collection[str] | None = None) -> pa.Table:
+def read_base(storage: Storage, path: str, schema: pa.Schema | None = None, columns: Sequence[str] | None = None,
+              known: Collection[str] | None = None, size: int | None = None) -> pa.Table:
     """A base file, read whole (or `columns` of it), its pages' checksums verified: a damaged or missing file
     is an error naming it. Into `schema` when given: only its columns are read; columns the file lacks (added
     since it was written) are nulls, narrower ones are cast up. `ParquetFile.read` skips the dataset layer
     of `pq.read_table` (the 7 base files of SF 0.01: 20.5 -> 15.3 ms warm). `known`: the columns the file
-    may hold (default: the schema's; a table whose schema changed: `known_columns`)."""
+    may hold (default: the schema's; a table whose schema changed: `known_columns`). On an object store the
+    footer is one ranged read (with the size, unless `size` gives it) and the column chunks one more per row
+    group (`pre_buffer` coalesces them)."""
     with naming_damage(path):
-        check_footer(path, known if known is not None else schema.names if schema is not None else None)
-        file = pq.ParquetFile(path, page_checksum_verification=True)
+        check_footer(storage, path, known if known is not None else schema.names if schema is not None else None)
+        file = pq.ParquetFile(storage.open_input(path, size), page_checksum_verification=True,
+                              pre_buffer=not storage.local)
         wanted = schema if schema is None or columns is None else pa.schema([schema.field(c) for c in columns])
         if wanted is None:
             return file.read(columns=columns)
@@ -49,13 +52,13 @@ def read_base(path: str, schema: pa.Schema | None = None, columns: Sequence[str]
 
 
 @footer_fields
-def check_footer(path: str, known: Collection[str] | None) -> None:
+def check_footer(storage: Storage, path: str, known: Collection[str] | None) -> None:
     """What page checksums cannot cover, the footer, checked where it can be: a flipped bit in a column name
     reads as a column of nulls, one in a row count drops rows (measured: the two kinds of silent damage left
     when every byte of a base file was flipped in turn). Every flat column of a row group must hold exactly
     its rows, and the file's count be theirs. The footer is decoded by `thrift_compact`: pyarrow's metadata
     accessors abort the process on some damaged footers (a C++ exception thrown through a destructor)."""
-    footer = parquet_footer(path)[1]
+    footer = parquet_footer(storage, path)[1]
     elements = footer.get(2, [])
     names, leaves, nested, i = [], 0, False, 1
     while i < len(elements):  # the root's children, each with its subtree
@@ -91,9 +94,9 @@ def _subtree(elements: list[dict], i: int) -> tuple[tuple[int, bool], int]:
     return (leaves, nested), i
 
 
-def base_metadata(path: str) -> pq.FileMetaData:
+def base_metadata(storage: Storage, path: str) -> pq.FileMetaData:
     with naming_damage(path):
-        return pq.read_metadata(path)
+        return pq.read_metadata(storage.open_input(path))
 
 
 def log_tables(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice,
@@ -108,7 +111,7 @@ def read_slice(storage: Storage, paths: TablePaths, config: TableConfig, fs: Fil
     """Every live row of the slice in the storage schema (base only when `read_optimized`)."""
     schema = config.storage_schema
     path = base_path(paths, fs) if fs else None
-    base = read_base(path, schema, known=config.known_columns) if path else schema.empty_table()
+    base = read_base(storage, path, schema, known=config.known_columns) if path else schema.empty_table()
     if read_optimized or fs is None or not fs.logs:
         return base
     logs = log_tables(storage, paths, config, fs, config.log_schema.names)
@@ -119,10 +122,10 @@ _INT_TYPES = (1, 2)  # Parquet's INT32 and INT64 physical types
 
 
 @footer_fields
-def int_column_max(path: str, column: str) -> int | None:
+def int_column_max(storage: Storage, path: str, column: str) -> int | None:
     """The greatest value of a plain INT32 or INT64 column of a base file, as its footer's statistics store it
     (the physical value: a date's days, a timestamp's units); None where the footer does not say."""
-    footer = parquet_footer(path)[1]
+    footer = parquet_footer(storage, path)[1]
     elements = footer.get(2, [])
     i, leaf = 1, 0
     while i < len(elements):
@@ -162,21 +165,24 @@ def stored_values(storage: Storage, paths: TablePaths, config: TableConfig, fs: 
     schema = pa.schema([(KEY_COLUMN, pa.string()), field])
     path = base_path(paths, fs)
     base = schema.empty_table()
-    if path and above is not None and (most := int_column_max(path, column)) is not None and most <= above:
+    if path and above is not None and (most := int_column_max(storage, path, column)) is not None and most <= above:
         path = None
     if path:
-        plan = rows_of_keys([path], [keys])[0] if worth_probing(path, len(keys)) else None
+        plan = rows_of_keys(storage, [path], [keys])[0] if worth_probing(storage, path, len(keys)) else None
         rows = read_rows([plan], [KEY_COLUMN, column])[0] if plan is not None else \
-            read_base(path, config.storage_schema, [KEY_COLUMN, column], config.known_columns)
+            read_base(storage, path, config.storage_schema, [KEY_COLUMN, column], config.known_columns)
         base = pa.table([rows[KEY_COLUMN], rows[column].cast(field.type)], schema=schema)
         base = base.filter(pc.is_in(base[KEY_COLUMN], value_set=keys))
     if logs is None:
         logs = log_tables(storage, paths, config, fs, [KEY_COLUMN, column, DELETED_COLUMN]) if fs.logs else []
-    logs = [log.select([KEY_COLUMN, column, DELETED_COLUMN]) for log in logs]
     if above is not None:  # a version at or below it changes no answer the caller needs; deletes stay
         bound = pa.scalar(above, pa.int32() if pa.types.is_date32(field.type) else pa.int64()).cast(field.type)
+        limit = bound.as_py()
+        if not path and all((most := pc.max(t[column]).as_py()) is None or most <= limit for t in logs):
+            return pa.chunked_array([pa.nulls(len(keys), field.type)])  # the usual case: no array work at all
         logs = [t.filter(pc.or_(t[DELETED_COLUMN], pc.fill_null(pc.greater(t[column], bound), False)))
                 for t in logs]
+    logs = [log.select([KEY_COLUMN, column, DELETED_COLUMN]) for log in logs]
     logs = [t.filter(pc.is_in(t[KEY_COLUMN], value_set=keys)) for t in logs if t.num_rows]
     if not base.num_rows and not any(t.num_rows for t in logs):  # the usual case: nothing above the bound
         return pa.chunked_array([pa.nulls(len(keys), field.type)])
@@ -261,20 +267,22 @@ def fixed_width(strings: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return out.view(f"S{width}").reshape(n)
 
 
-def base_keys_present(path: str, candidates: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, int]:
+def base_keys_present(storage: Storage, path: str, candidates: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, int]:
     """Which candidates the base file holds, and the bytes read to tell: one key page per candidate when
     the file has a key page index and the candidates are few next to its pages, else the key column."""
-    if worth_probing(path, pc.count_distinct(candidates).as_py()) and (pages := key_pages(path)) is not None:
+    if worth_probing(storage, path, pc.count_distinct(candidates).as_py()) and \
+            (pages := key_pages(storage, path)) is not None:
         return pages.contains(candidates.to_pylist())
-    column, read = key_column(path)
+    column, read = key_column(storage, path)
     return members(candidates, column), read
 
 
-def key_column(path: str) -> tuple[pa.ChunkedArray, int]:
+def key_column(storage: Storage, path: str) -> tuple[pa.ChunkedArray, int]:
     """A base file's whole record-key column, and its bytes in the file. Arrow's threads only for several row
     groups: one column chunk decodes on one thread anyway, and the hand-off cost a small file more than the
     read (56 SF 0.01 files: 21 -> 16 ms)."""
-    with naming_damage(path), pq.ParquetFile(path, page_checksum_verification=True) as parquet:
+    with naming_damage(path), pq.ParquetFile(storage.open_input(path), page_checksum_verification=True,
+                                             pre_buffer=not storage.local) as parquet:
         column = parquet.read(columns=[KEY_COLUMN], use_threads=parquet.metadata.num_row_groups > 1)[KEY_COLUMN]
         leaf = [parquet.schema.column(i).path for i in range(len(parquet.schema))].index(KEY_COLUMN)
         return column, sum(parquet.metadata.row_group(i).column(leaf).total_compressed_size
@@ -309,7 +317,7 @@ def live_mask(storage: Storage, paths: TablePaths, config: TableConfig, fs: File
         return np.zeros(n, dtype=bool)
     path = base_path(paths, fs)
     if in_base is None:
-        in_base = base_keys_present(path, candidates)[0] if path else np.zeros(n, dtype=bool)
+        in_base = base_keys_present(storage, path, candidates)[0] if path else np.zeros(n, dtype=bool)
     if not fs.logs:
         return in_base
     if in_logs is None:

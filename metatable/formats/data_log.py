@@ -62,29 +62,30 @@ def _avro_type(t: pa.DataType) -> Any:
 
 
 def write_data_log(storage: Storage, path: str, instant: str, rows: pa.Table, block_format: str,
-                   compression: str) -> None:
-    """`rows` as a log block of `block_format`, compressed with `compression` (a codec of that format)."""
+                   compression: str) -> int:
+    """`rows` as a log block of `block_format`, compressed with `compression` (a codec of that format); returns
+    the file's size."""
     if block_format == "arrow":
         sink = pa.BufferOutputStream()
         codec = None if compression == "none" else pa.Codec(compression)
         with ipc.new_file(sink, rows.schema, options=ipc.IpcWriteOptions(compression=codec)) as writer:
             writer.write_table(rows)
         arrow = sink.getvalue().to_pybytes()
-        write_container(storage, path, schema("arrow_block"), [{"arrow": arrow}], 1,
-                        {**_meta(instant, "arrow", rows.num_rows), CRC_KEY: str(zlib.crc32(arrow))})
-    elif block_format == "parquet":
+        return write_container(storage, path, schema("arrow_block"), [{"arrow": arrow}], 1,
+                               {**_meta(instant, "arrow", rows.num_rows), CRC_KEY: str(zlib.crc32(arrow))})
+    if block_format == "parquet":
         buf = io.BytesIO()
         pq.write_table(rows, buf, compression=compression, write_page_checksum=True)
-        write_parquet_log(storage, path, instant, buf.getvalue(), rows.num_rows)
-    else:
-        write_container(storage, path, avro_row_schema(rows.schema), rows.to_pylist(), rows.num_rows,
-                        _meta(instant, block_format, rows.num_rows))
+        return write_parquet_log(storage, path, instant, buf.getvalue(), rows.num_rows)
+    return write_container(storage, path, avro_row_schema(rows.schema), rows.to_pylist(), rows.num_rows,
+                           _meta(instant, block_format, rows.num_rows))
 
 
-def write_parquet_log(storage: Storage, path: str, instant: str, parquet: bytes, rows: int) -> None:
+def write_parquet_log(storage: Storage, path: str, instant: str, parquet: bytes, rows: int) -> int:
     """A log block carrying a Parquet file as it is (also a base file that must become a log: its rows,
-    which have no deleted flag, are live)."""
-    write_container(storage, path, schema("parquet_block"), [{"parquet": parquet}], 1, _meta(instant, "parquet", rows))
+    which have no deleted flag, are live); returns the file's size."""
+    return write_container(storage, path, schema("parquet_block"), [{"parquet": parquet}], 1,
+                           _meta(instant, "parquet", rows))
 
 
 def _meta(instant: str, block_format: str, rows: int) -> dict[str, str]:

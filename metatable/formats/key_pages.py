@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
-import os
+import itertools
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, TypeVar
@@ -29,6 +29,7 @@ from indexes.arrow_buffers import string_buffers
 
 from metatable.errors import CorruptFileError, naming_damage
 from metatable.formats.thrift_compact import leading_ints, leading_list_size, page_locations, read_struct
+from metatable.storage.base import Storage
 from metatable.table_config import KEY_COLUMN
 
 R = TypeVar("R")
@@ -41,6 +42,7 @@ WRITE_BATCH_ROWS = 128  # pyarrow cuts pages only between write batches
 # page-index parse and full read).
 MAX_ROWS_PER_PAGE = 2048
 DICTIONARY_PAGE_LIMIT = 64 << 10
+PAGES_A_READ = 256  # key pages read together by a probe: bounds what a probe holds, keeps requests few
 _CODECS = {0: None, 1: "snappy", 2: "gzip", 4: "brotli", 6: "zstd", 7: "lz4_raw"}
 _DATA_PAGE, _DATA_PAGE_V2 = 0, 3
 _PLAIN, _RLE = 0, 3
@@ -78,6 +80,7 @@ def nul_free_metadata(keys: pa.ChunkedArray | pa.Array) -> dict[bytes, bytes]:
 class KeyPages:
     """Where each page of a file's key column lies and which keys it may hold."""
 
+    storage: Storage
     path: str
     mins: tuple[bytes, ...]  # ascending, like the maxima
     maxs: tuple[bytes, ...]
@@ -133,9 +136,8 @@ class KeyPages:
         found = np.zeros(len(wanted), dtype=bool)
         read = 0
         holding: set[int] = set()
-        with open_parquet(self.path) as file:
-            for page, indices in self._by_page(wanted, self.nul_free and all(searchable)):
-                raw = file.read(self.sizes[page], self.offsets[page])
+        with open_parquet(self.storage, self.path) as file:
+            for page, indices, raw in self._pages(file, self._by_page(wanted, self.nul_free and all(searchable))):
                 read += len(raw)
                 values, start = self._values(raw)
                 decoded: set[bytes] | None = None
@@ -151,6 +153,14 @@ class KeyPages:
                         found[i] = True
                         holding.add(page)
         return found, holding, read
+
+    def _pages(self, file: OpenFile, by_page: Iterator[tuple[int, np.ndarray]]) -> Iterator[tuple[int, np.ndarray, bytes]]:
+        """Each candidate page with its bytes, read PAGES_A_READ at a time (one request on an object store,
+        where they lie close together)."""
+        while chunk := list(itertools.islice(by_page, PAGES_A_READ)):
+            raws = file.read_many([(self.sizes[page], self.offsets[page]) for page, _ in chunk])
+            for (page, indices), raw in zip(chunk, raws):
+                yield page, indices, raw
 
     def _values(self, raw: bytes) -> tuple[bytes, int]:
         """One data page's PLAIN-encoded values: a buffer and where they start in it."""
@@ -234,69 +244,88 @@ def plain_values(data: bytes, position: int, count: int, path: str) -> list[byte
 
 @dataclass(frozen=True)
 class OpenFile:
-    """A Parquet file open for reads at the offsets its footer and page index name. Its size is read once:
-    a `get` reads ~18,000 pages, and an `fstat` per read cost 5% of it."""
+    """A Parquet file open for reads at the offsets its footer and page index name, through its storage (a
+    local file read with `pread`, an object with ranged GETs). Its size is read once: a `get` reads ~18,000
+    pages, and an `fstat` per read cost 5% of it; on an object store the size comes with the footer's bytes."""
 
-    descriptor: int
-    size: int
+    storage: Storage
     path: str
+    file: pa.NativeFile
+    size: int
 
-    def read(self, length: int, offset: int) -> bytes:
-        """`length` bytes at `offset`, both from the footer or page index: a damaged one can name a negative
-        or impossible range, which is a CorruptFileError, not EINVAL or a huge buffer."""
+    def _check(self, length: int, offset: int) -> None:
+        """A range from the footer or page index: a damaged one can name a negative or impossible range, which
+        is a CorruptFileError, not EINVAL or a huge buffer."""
         if length < 0 or offset < 0 or offset + length > self.size:
             raise CorruptFileError(self.path, f"its footer points at bytes {offset}..{offset + length}, "
                                               "outside the file")
-        return os.pread(self.descriptor, length, offset)
+
+    def read(self, length: int, offset: int) -> bytes:
+        """`length` bytes at `offset`."""
+        self._check(length, offset)
+        return self.file.read_at(length, offset)
+
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """(length, offset) ranges, read together: on an object store, near ones in one request, the others
+        in parallel requests."""
+        for length, offset in ranges:
+            self._check(length, offset)
+        if self.storage.local or len(ranges) < 2:
+            return [self.file.read_at(length, offset) for length, offset in ranges]
+        with naming_damage(self.path):
+            return self.storage.read_ranges(self.path, [(offset, length) for length, offset in ranges])
 
     def footer(self) -> bytes:
         """The thrift-encoded footer (FileMetaData)."""
-        tail = os.pread(self.descriptor, 8, max(self.size - 8, 0))
+        tail = self.file.read_at(8, max(self.size - 8, 0))
         if self.size < 12 or tail[4:] != b"PAR1":
             raise CorruptFileError(self.path, "not a Parquet file (no PAR1 footer)")
         length = int.from_bytes(tail[:4], "little")
         if length > self.size - 12:
             raise CorruptFileError(self.path, f"footer length {length} exceeds the file ({self.size} bytes): "
                                               "truncated?")
-        return os.pread(self.descriptor, length, self.size - 8 - length)
+        return self.file.read_at(length, self.size - 8 - length)
 
 
 @contextlib.contextmanager
-def open_parquet(path: str) -> Iterator[OpenFile]:
+def open_parquet(storage: Storage, path: str) -> Iterator[OpenFile]:
     with naming_damage(path):
-        descriptor = os.open(path, os.O_RDONLY)
+        file = storage.open_input(path)
+        size = file.size()
     try:
-        yield OpenFile(descriptor, os.fstat(descriptor).st_size, path)
+        with naming_damage(path):
+            yield OpenFile(storage, path, file, size)
     finally:
-        os.close(descriptor)
+        file.close()
 
 
 def footer_fields(read: Callable[..., R]) -> Callable[..., R]:
-    """For a function reading fields of a decoded footer (its first argument the file's path): a damaged footer
-    decodes to fields of other types or none, and that is a CorruptFileError naming the file."""
+    """For a function reading fields of a decoded footer (its arguments a storage and the file's path): a damaged
+    footer decodes to fields of other types or none, and that is a CorruptFileError naming the file."""
     @functools.wraps(read)
-    def reading(path: str, *args: Any) -> R:
+    def reading(storage: Storage, path: str, *args: Any) -> R:
         try:
-            return read(path, *args)
+            return read(storage, path, *args)
         except (AttributeError, TypeError, KeyError, IndexError, UnicodeDecodeError, RecursionError) as e:
             raise CorruptFileError(path, f"its footer does not decode as Parquet's ({type(e).__name__}: {e})") from None
     return reading
 
 
-def cached_per_file(maxsize: int) -> Callable[[Callable[[str], R]], Callable[[str], R]]:
-    """An LRU cache of what is read from a file, keyed by its path and identity (inode, size, mtime): base
-    files never change in place, but a resize rewrites one under the same name (a new inode), and a cache by
-    path alone served the old footer for the new file. `cache_clear` forgets everything."""
-    def wrap(read: Callable[[str], R]) -> Callable[[str], R]:
+def cached_per_file(maxsize: int) -> Callable[[Callable[[Storage, str], R]], Callable[[Storage, str], R]]:
+    """An LRU cache of what is read from a file, keyed by its storage, path and content version
+    (`Storage.content_version`): on a file system (inode, size, mtime), so a file damaged or replaced in place
+    is read again; on an object store none, since a name is never written twice there (that costs a request
+    per read). `cache_clear` forgets everything."""
+    def wrap(read: Callable[[Storage, str], R]) -> Callable[[Storage, str], R]:
         @functools.lru_cache(maxsize=maxsize)
-        def cached(path: str, identity: tuple[int, int, int]) -> R:
-            return read(path)
+        def cached(storage: Storage, path: str, version: str) -> R:
+            return read(storage, path)
 
         @functools.wraps(read)
-        def reading(path: str) -> R:
+        def reading(storage: Storage, path: str) -> R:
             with naming_damage(path):
-                st = os.stat(path)
-            return cached(path, (st.st_ino, st.st_size, st.st_mtime_ns))
+                version = storage.content_version(path)
+            return cached(storage, path, version)
 
         reading.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
         return reading
@@ -304,9 +333,9 @@ def cached_per_file(maxsize: int) -> Callable[[Callable[[str], R]], Callable[[st
 
 
 @cached_per_file(maxsize=64)
-def parquet_footer(path: str) -> tuple[bytes, dict]:
+def parquet_footer(storage: Storage, path: str) -> tuple[bytes, dict]:
     """A base file's footer, raw and decoded: `key_pages` and `row_pages.file_pages` both start from it."""
-    with open_parquet(path) as file:
+    with open_parquet(storage, path) as file:
         raw = file.footer()
     return raw, read_struct(raw, 0, path)[0]
 
@@ -330,48 +359,50 @@ def _key_chunks(footer: dict) -> tuple[dict, list[dict]] | None:
 
 @cached_per_file(maxsize=512)
 @footer_fields
-def key_page_count(path: str) -> int | None:
+def key_page_count(storage: Storage, path: str) -> int | None:
     """How many pages `path`'s key column has (None where `key_pages` would be None for want of a page
     index), from the head of each offset index. Deciding whether to probe must not cost the page-index parse
     that probing needs: that took 44 ms for a 1.1M-row file of 4,447 key pages, longer than reading its
     whole key column (~40 ms), and an SF 10 upsert paid it for all 56 files before reading their keys."""
-    found = _key_chunks(parquet_footer(path)[1])
+    found = _key_chunks(parquet_footer(storage, path)[1])
     if found is None:
         return None
     count = 0
-    with open_parquet(path) as file:
-        for chunk in found[1]:
-            size = leading_list_size(file.read(min(chunk[5], 16), chunk[4]))
+    with open_parquet(storage, path) as file:
+        heads = file.read_many([(min(chunk[5], 16), chunk[4]) for chunk in found[1]])
+        for head in heads:
+            size = leading_list_size(head)
             if size is None:
                 raise CorruptFileError(path, "its offset index does not start with the page locations")
             count += size
     return count
 
 
-def worth_probing(path: str, keys: int) -> bool:
+def worth_probing(storage: Storage, path: str, keys: int) -> bool:
     """Whether probing a page per key beats reading the whole key column: at most one key per two pages."""
-    pages = key_page_count(path)
+    pages = key_page_count(storage, path)
     return pages is not None and keys <= pages // 2
 
 
 @cached_per_file(maxsize=512)
 @footer_fields
-def key_pages(path: str) -> KeyPages | None:
+def key_pages(storage: Storage, path: str) -> KeyPages | None:
     """The page index of `path`'s key column, or None where it cannot serve lookups (no page index, a
     dictionary-encoded or unsorted key column: files written before it existed); then callers read the
     whole column. Cached per file identity (an entry is ~100 bytes per page: ~0.4 MB for a 128 MB file of
     1M rows)."""
-    footer = parquet_footer(path)[1]
+    footer = parquet_footer(storage, path)[1]
     found = _key_chunks(footer)
     if found is None:
         return None
     leaf, chunks = found
     nul_free = any(kv.get(1) == KEYS_NUL_FREE and kv.get(2) == b"true" for kv in footer.get(5, []))
     mins, maxs, offsets, sizes = [], [], [], []
-    with open_parquet(path) as file:
-        for chunk in chunks:
-            column_index, _ = read_struct(file.read(chunk[7], chunk[6]), 0, path)
-            page_offsets, page_sizes, _ = page_locations(file.read(chunk[5], chunk[4]), path)
+    with open_parquet(storage, path) as file:
+        indexes = file.read_many([r for chunk in chunks for r in ((chunk[7], chunk[6]), (chunk[5], chunk[4]))])
+        for column_raw, offset_raw in zip(indexes[::2], indexes[1::2]):
+            column_index, _ = read_struct(column_raw, 0, path)
+            page_offsets, page_sizes, _ = page_locations(offset_raw, path)
             if column_index.get(4) != _ASCENDING and len(column_index.get(2, [])) > 1:
                 return None
             mins += column_index[2]
@@ -381,5 +412,5 @@ def key_pages(path: str) -> KeyPages | None:
     if mins != sorted(mins) or maxs != sorted(maxs):
         return None  # several row groups, each sorted, but not the file as a whole
     codec = _CODECS[chunks[-1][3][4]] if chunks else None
-    return KeyPages(path, tuple(mins), tuple(maxs), tuple(offsets), tuple(sizes), codec,
+    return KeyPages(storage, path, tuple(mins), tuple(maxs), tuple(offsets), tuple(sizes), codec,
                     leaf.get(3) == _OPTIONAL, nul_free)

@@ -18,7 +18,9 @@ import enum
 import io
 import os
 import re
+import threading
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -33,6 +35,7 @@ from metatable.errors import CorruptFileError, InvalidInputError, naming_damage
 from metatable.storage.base import Storage
 from metatable.timeline.instant import validate_time
 
+LOG_CACHE_BYTES = 256 << 20  # decoded metadata log blocks a metadata table keeps between snapshots (`LogCache`)
 ENTRY_LENGTHS = "metatable.entry_lengths"  # header key: zlib'd uint32 lengths, key and value of each entry, base64
 _NAME_RE = re.compile(r"^\.(?P<file_id>.+)_(?P<base>\d{17})\.log\.(?P<version>\d+)_(?P<token>[0-9A-Za-z-]+)$")
 
@@ -140,19 +143,21 @@ class LogBlock:
 
 
 def write_container(storage: Storage, path: str, schema: Any, records: Iterable[dict[str, Any]], count: int,
-                    meta: dict[str, str]) -> None:
-    """An Avro container file whose header says how many records it holds; published atomically."""
+                    meta: dict[str, str]) -> int:
+    """An Avro container file whose header says how many records it holds; published atomically. Returns its
+    size."""
     buf = io.BytesIO()
     fastavro.writer(buf, schema, records, metadata={**meta, "metatable.count": str(count)}, codec="null",
                     sync_interval=1 << 20)
-    storage.write_atomic(path, buf.getvalue())
+    storage.write_atomic(path, buf.getvalue(), immutable=True)
+    return buf.tell()
 
 
 def read_container(storage: Storage, path: str, metadata: bool = False) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """Header metadata and every record; a short, unreadable or missing file is a CorruptFileError naming it
     (`metadata`: a metadata table's, which a rebuild restores)."""
     with naming_damage(path, metadata=metadata):
-        data = storage.read(path)
+        data = storage.read(path, immutable=True)
     try:
         reader = fastavro.reader(io.BytesIO(data))
         meta = dict(reader.metadata)
@@ -254,6 +259,44 @@ def read_log(storage: Storage, path: str) -> LogBlock:
     if len(entries) != expected:
         raise CorruptFileError(path, f"truncated log block: {len(entries)} of {expected} records", metadata=True)
     return LogBlock(instant, kind, entries, meta.get("metatable.target_instant"))
+
+
+class LogCache:
+    """Decoded log blocks by path and content version (`Storage.content_version`), least recently read evicted
+    past `budget` bytes: a log file is never rewritten, and each new snapshot of a metadata table used to read
+    every log of the file groups it touches again (on an object store a request each)."""
+
+    def __init__(self, storage: Storage, budget: int = LOG_CACHE_BYTES) -> None:
+        self.storage = storage
+        self.budget = budget
+        self._blocks: OrderedDict[tuple[str, str], LogBlock] = OrderedDict()
+        self._bytes = 0
+        self._mutex = threading.Lock()
+
+    def read(self, path: str) -> LogBlock:
+        with naming_damage(path, metadata=True):
+            key = (path, self.storage.content_version(path))
+        with self._mutex:
+            block = self._blocks.get(key)
+            if block is not None:
+                self._blocks.move_to_end(key)
+                return block
+        block = read_log(self.storage, path)
+        size = block.entries.keys.nbytes + block.entries.values.nbytes
+        with self._mutex:
+            if key not in self._blocks and size <= self.budget // 4:
+                self._blocks[key] = block
+                self._bytes += size
+                while self._bytes > self.budget:
+                    _, old = self._blocks.popitem(last=False)
+                    self._bytes -= old.entries.keys.nbytes + old.entries.values.nbytes
+        return block
+
+    def forget(self, path: str) -> None:
+        with self._mutex:
+            for key in [k for k in self._blocks if k[0] == path]:
+                old = self._blocks.pop(key)
+                self._bytes -= old.entries.keys.nbytes + old.entries.values.nbytes
 
 
 def header_lengths(text: str | None) -> np.ndarray | None:

@@ -26,6 +26,7 @@ from metatable.formats.key_pages import (
     OpenFile, cached_per_file, footer_fields, key_pages, open_parquet, parquet_footer)
 from metatable.formats.thrift_compact import (
     BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, page_locations, read_struct, struct_spans)
+from metatable.storage.base import Storage
 from metatable.table_config import KEY_COLUMN
 
 SMALL_DICTIONARY = 64 << 10  # a dictionary page at most this big is copied without checking the pages use it
@@ -48,6 +49,7 @@ class ChunkPages:
 class FilePages:
     """Where every page of every column of a base file lies."""
 
+    storage: Storage
     path: str
     names: tuple[str, ...]
     elements: tuple[bytes, ...]  # each column's SchemaElement, as thrift bytes to copy
@@ -69,32 +71,34 @@ class FilePages:
 
 @cached_per_file(maxsize=512)
 @footer_fields
-def file_pages(path: str) -> FilePages | None:
+def file_pages(storage: Storage, path: str) -> FilePages | None:
     """The page layout of a base file, or None when it cannot serve row reads (a nested schema, a column
     chunk without an offset index). Cached per file identity (`cached_per_file`)."""
-    raw, footer = parquet_footer(path)
-    with open_parquet(path) as file:
+    raw, footer = parquet_footer(storage, path)
+    with open_parquet(storage, path) as file:
         spans = struct_spans(raw, 0, 2, path)
         schema = footer.get(2, [])
         if any(element.get(5) for element in schema[1:]):
             return None
         names = tuple(element[4].decode() for element in schema[1:])
         elements = tuple(raw[a:b] for a, b in spans[1:])
+        chunk_lists = [row_group[1] for row_group in footer.get(4, [])]
+        if any(4 not in chunk for chunks in chunk_lists for chunk in chunks):
+            return None
+        indexes = iter(file.read_many([(chunk[5], chunk[4]) for chunks in chunk_lists for chunk in chunks]))
         groups, starts, start = [], [], 0
         for row_group in footer.get(4, []):
             chunks = []
             for chunk in row_group[1]:
-                if 4 not in chunk:
-                    return None
                 meta = chunk[3]
-                offsets, sizes, firsts = page_locations(file.read(chunk[5], chunk[4]), path)
+                offsets, sizes, firsts = page_locations(next(indexes), path)
                 dictionary = (meta[11], meta[9] - meta[11]) if meta.get(11) else None
                 chunks.append(ChunkPages({k: meta[k] for k in (1, 2, 3, 4)}, dictionary, offsets, sizes, firsts,
                                          row_group[3]))
             groups.append(tuple(chunks))
             starts.append(start)
             start += row_group[3]
-    return FilePages(path, names, elements, tuple(groups), tuple(starts))
+    return FilePages(storage, path, names, elements, tuple(groups), tuple(starts))
 
 
 def read_rows(wanted: Sequence[tuple[FilePages, np.ndarray]], columns: Sequence[str]) -> list[pa.Table]:
@@ -122,7 +126,7 @@ def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> l
         groups = variants.setdefault(element, [])
         base = decoded_rows.get(element, 0)
         positions = []
-        with open_parquet(pages.path) as file:
+        with open_parquet(pages.storage, pages.path) as file:
             for start, row_group in zip(pages.row_starts, pages.row_groups):
                 chunk = row_group[column]
                 mine = rows[(rows >= start) & (rows < start + chunk.rows)] - start
@@ -134,8 +138,10 @@ def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> l
                 counts = ends[chosen] - chunk.first_rows[chosen]
                 begins = np.r_[0, np.cumsum(counts)[:-1]]
                 positions.append(base + begins[np.searchsorted(chosen, page_of)] + mine - chunk.first_rows[page_of])
-                data = [file.read(int(chunk.sizes[p]), int(chunk.offsets[p])) for p in chosen]
-                dictionary = _dictionary(file, chunk, data)
+                small = chunk.dictionary is not None and chunk.dictionary[1] <= SMALL_DICTIONARY
+                ranges = [(int(chunk.sizes[p]), int(chunk.offsets[p])) for p in chosen]
+                data = file.read_many(ranges + [chunk.dictionary[::-1]] if small else ranges)
+                dictionary = data.pop() if small else _dictionary(file, chunk, data)
                 groups.append((chunk.meta, dictionary, data, int(counts.sum())))
                 owners.setdefault(element, []).append(pages.path)
                 base += int(counts.sum())
@@ -174,12 +180,12 @@ def _empty(decoded: dict[bytes, pa.Array], element: bytes) -> pa.Array:
 
 
 def _dictionary(file: OpenFile, chunk: ChunkPages, data: list[bytes]) -> bytes | None:
-    """The chunk's dictionary page when any chosen page needs it (a big one is checked against the pages'
-    encodings: a writer falls back to PLAIN once the dictionary outgrows its limit)."""
+    """A big dictionary page, when any chosen page needs it (checked against the pages' encodings: a writer
+    falls back to PLAIN once the dictionary outgrows its limit). A small one is read with the pages."""
     if chunk.dictionary is None:
         return None
     offset, size = chunk.dictionary
-    if size > SMALL_DICTIONARY and not any(_dictionary_encoded(page, file.path) for page in data):
+    if not any(_dictionary_encoded(page, file.path) for page in data):
         return None
     return file.read(size, offset)
 
@@ -227,7 +233,8 @@ def mini_parquet(element: bytes, groups: list[tuple[dict, bytes | None, list[byt
     return bytes(out)
 
 
-def rows_of_keys(paths: Sequence[str], keys: Sequence[pa.Array]) -> list[tuple[FilePages, np.ndarray] | None]:
+def rows_of_keys(storage: Storage, paths: Sequence[str],
+                 keys: Sequence[pa.Array]) -> list[tuple[FilePages, np.ndarray] | None]:
     """For each base file and the keys wanted from it: the file rows that hold them (ascending). The keys
     the file holds are found by probing a key page each (`KeyPages.probe`: a key absent from a file, as
     when a key is looked for in every partition, costs one page read); the pages holding those are then
@@ -235,7 +242,7 @@ def rows_of_keys(paths: Sequence[str], keys: Sequence[pa.Array]) -> list[tuple[F
     plans: list[tuple[FilePages, np.ndarray] | None] = []
     candidates = []
     for path, wanted in zip(paths, keys):
-        pages, index = file_pages(path), key_pages(path)
+        pages, index = file_pages(storage, path), key_pages(storage, path)
         if pages is None or index is None:
             plans.append(None)
             continue

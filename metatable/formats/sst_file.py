@@ -1,12 +1,13 @@
 """Sorted SST base files (rocksdict), and the read-side cache that serves them.
 
 RocksDB cannot read an SST in place, so a reader ingests the file into a private
-read-only RocksDB instance. To avoid a copy, the base file is hard-linked to a
+read-only RocksDB instance. To avoid a copy, a local base file is hard-linked to a
 staging name and ingested with `move_files` (RocksDB links it into the instance
-and removes only the staging link). Instances are cached on disk, named by the
-file's identity (name, inode, size, mtime), so a changed file is never served
-from a stale entry, and concurrent processes share them read-only; open
-instances are kept in a small in-process LRU.
+and removes only the staging link); one on an object store is downloaded to it.
+Instances are cached on disk, named by the file's name and content version
+(inode, size, mtime on a file system), so a changed file is never served from a
+stale entry, and concurrent processes share them read-only; open instances are
+kept in a small in-process LRU.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Iterable, Iterator
 from rocksdict import (AccessType, BlockBasedOptions, Cache, IngestExternalFileOptions, Options, Rdict,
                        SstFileWriter)
 
-from metatable.errors import CorruptFileError, MissingFileError
+from metatable.errors import CorruptFileError, MissingFileError, naming_damage
 from metatable.storage.base import TEMP_MARK, Storage
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def write_sst(storage: Storage, path: str, items: Iterable[tuple[bytes, bytes]])
     staged = storage.staging_path(path)
     storage.makedirs(os.path.dirname(path))
     writer = SstFileWriter(options=_options())
-    writer.open(storage.local_path(staged))
+    writer.open(staged)
     count = 0
     try:
         for key, value in items:
@@ -132,18 +133,23 @@ def cache_removed(path: str) -> MissingFileError:
 
 
 class SstCache:
-    """Read-side RocksDB instances for SST files, built once per file identity."""
+    """Read-side RocksDB instances for SST files, built once per file content (`Storage.content_version`), in
+    a local directory: inside the table on a file system (the instance hard-links the file, no copy), a
+    directory of this machine's (`Storage.scratch`) for a table on an object store, where the file is
+    downloaded whole once (Hudi reads metadata HFiles of up to 50 MB whole, the same way). Downloaded
+    instances are kept within `budget` bytes, the least recently opened evicted first."""
 
-    def __init__(self, root: str, max_open: int = 64) -> None:
+    def __init__(self, storage: Storage, root: str, max_open: int = 64, budget: int | None = None) -> None:
+        self.storage = storage
         self.root = root
         self.max_open = max_open
+        self.budget = budget
         self._open: OrderedDict[str, SstReader] = OrderedDict()
         self._mutex = threading.Lock()
 
-    @staticmethod
-    def entry_name(path: str) -> str:
-        st = os.stat(path)
-        return f"{os.path.basename(path)}-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}"
+    def entry_name(self, path: str) -> str:
+        version = self.storage.content_version(path)
+        return os.path.basename(path) + (f"-{version}" if version else "")
 
     def reader(self, path: str) -> SstReader:
         try:
@@ -160,6 +166,9 @@ class SstCache:
                 self._open.pop(name).close()
             if not os.path.isdir(entry):
                 self._build(path, entry)
+                self._evict(keep=name)
+            else:
+                os.utime(entry)  # recently used, for the budget
             try:
                 db = Rdict(entry, options=_options(), access_type=AccessType.read_only())
             except Exception as e:
@@ -178,9 +187,10 @@ class SstCache:
         building = f"{entry}{TEMP_MARK}{uuid.uuid4().hex[:8]}"
         staged = os.path.join(self.root, f".stage{TEMP_MARK}{uuid.uuid4().hex}.sst")
         try:
-            os.link(path, staged)
-        except OSError:  # another filesystem: fall back to a copy
-            shutil.copyfile(path, staged)
+            with naming_damage(path, metadata=True):
+                self.storage.copy_to_local(path, staged)
+        except MissingFileError:
+            raise MissingFileError(path, "the SST base file is gone (cleaned while in use?)", metadata=True) from None
         try:
             db = Rdict(building, options=_options())
             try:
@@ -201,13 +211,36 @@ class SstCache:
             shutil.rmtree(building, ignore_errors=True)
         log.debug("ingested %s into read cache %s", path, entry)
 
+    def _evict(self, keep: str) -> None:
+        """Within the budget again: the least recently opened instances go (never one open here)."""
+        if self.budget is None:
+            return
+        entries = []
+        for name in os.listdir(self.root):
+            full = os.path.join(self.root, name)
+            if TEMP_MARK in name or not os.path.isdir(full):
+                continue
+            size = sum(f.stat().st_size for f in os.scandir(full) if f.is_file())
+            entries.append((os.stat(full).st_mtime, name, size))
+        total = sum(size for _, _, size in entries)
+        for _, name, size in sorted(entries):
+            if total <= self.budget:
+                break
+            if name == keep or name in self._open:
+                continue
+            shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+            total -= size
+            log.debug("evicted SST read cache %s (the cache is over %d bytes)", name, self.budget)
+
     def forget(self, file_name: str) -> None:
         """Drop every cache entry of a base file (after clean deleted it)."""
+        def of_file(name: str) -> bool:
+            return name == file_name or name.startswith(file_name + "-")
         with self._mutex:
-            for name in [n for n in self._open if n.startswith(file_name + "-")]:
+            for name in [n for n in self._open if of_file(n)]:
                 self._open.pop(name).close()
         for name in os.listdir(self.root) if os.path.isdir(self.root) else []:
-            if name.startswith(file_name + "-"):
+            if of_file(name):
                 shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metatable.file_group.file_slice import FileSlice, latest_slice, parse_names
-from metatable.formats.log_file import BlockKind, Entries, LogFile, read_log
+from metatable.formats.log_file import BlockKind, Entries, LogCache, LogFile
 from metatable.formats.sst_file import SstCache, SstReader
 from metatable.metadata.records import Record, RecordKind
 from metatable.storage.base import Storage
@@ -93,8 +93,9 @@ class MetadataFileGroup:
     """Merged reads of one file group's latest slice; logs are read once, on first use."""
 
     def __init__(self, storage: Storage, directory: str, file_slice: FileSlice, kind: RecordKind,
-                 snapshot: Snapshot, sst_cache: SstCache) -> None:
+                 snapshot: Snapshot, sst_cache: SstCache, logs: LogCache) -> None:
         self.storage = storage
+        self.logs = logs
         self.directory = directory
         self.slice = file_slice
         self.kind = kind
@@ -113,7 +114,7 @@ class MetadataFileGroup:
     def _entries(self) -> Entries:
         """Every entry of the slice's visible record blocks, oldest first, as columns (read once)."""
         if self._log_entries is None:
-            blocks = [read_log(self.storage, os.path.join(self.directory, lf.file_name)) for lf in self.valid_logs()]
+            blocks = [self.logs.read(os.path.join(self.directory, lf.file_name)) for lf in self.valid_logs()]
             undone = {b.target_instant for b in blocks
                       if b.kind is BlockKind.ROLLBACK and self.snapshot.rolled_back(b.instant)}
             self._log_entries = Entries.concat(

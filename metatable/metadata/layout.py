@@ -16,7 +16,7 @@ from indexes.keys import hash32
 from metatable.errors import InvalidInputError, UnknownPartitionError
 from metatable.file_group.base_file import BaseFile
 from metatable.file_group.file_slice import FileSlice
-from metatable.formats.log_file import LogFile
+from metatable.formats.log_file import LogCache, LogFile
 from metatable.formats.sst_file import SstCache
 from metatable.metadata.file_group import SST_EXTENSION, MetadataFileGroup, Snapshot, resolve_slice
 from metatable.metadata.records import KINDS, RecordKind
@@ -38,11 +38,14 @@ def kind_of(partition: str, valid: Iterable[str]) -> RecordKind:
 
 
 class MetadataLayout:
-    def __init__(self, storage: Storage, paths: TablePaths, partitions: Mapping[str, int]) -> None:
+    def __init__(self, storage: Storage, paths: TablePaths, partitions: Mapping[str, int],
+                 sst_cache_bytes: int | None = None) -> None:
         self.storage = storage
         self.paths = paths
         self.partitions = dict(partitions)
-        self.sst_cache = SstCache(paths.sst_cache)
+        self.sst_cache = SstCache(storage, storage.scratch(paths.sst_cache),
+                                  budget=None if storage.local else sst_cache_bytes)
+        self.log_cache = LogCache(storage)
 
     def reload(self) -> bool:
         """Re-read the partitions from the properties (the data table's indexer adds and drops them); returns
@@ -84,7 +87,7 @@ class MetadataLayout:
 
     def group(self, fs: FileSlice, snapshot: Snapshot) -> MetadataFileGroup:
         return MetadataFileGroup(self.storage, self.dir(fs.partition), fs, self.kind(fs.partition), snapshot,
-                                 self.sst_cache)
+                                 self.sst_cache, self.log_cache)
 
     def compacted_base(self, file_id: str, instant: str) -> BaseFile:
         return BaseFile(file_id, COMPACTION_TOKEN, instant, SST_EXTENSION)

@@ -129,13 +129,13 @@ def compaction_service(layout: MetadataLayout, transactions: Transactions, autho
         indexing = {file_id: i.time for i in instants if i.action is Action.INDEXING
                     for file_id in (authority or timeline).plan_if_present(i).get("file_groups", {})}
         groups: dict[str, Any] = {}
-        listings = {p: layout.listing(p) for p in layout.partitions}
+        listings = {p: layout.storage.sizes(layout.dir(p)) for p in layout.partitions}
         for partition, index, file_id in layout.file_groups():
-            fs = layout.slice(partition, index, listings[partition], snapshot.compacted)
+            sizes = listings[partition]
+            fs = layout.slice(partition, index, sorted(sizes), snapshot.compacted)
             readable = [lf for lf in fs.logs if snapshot.readable(lf)]
-            if not readable or len(readable) < threshold and sum(
-                    layout.storage.size(os.path.join(layout.dir(partition), lf.file_name)) for lf in readable) < max_bytes:
-                continue  # sizes are asked for only below the count
+            if not readable or len(readable) < threshold and sum(sizes[lf.file_name] for lf in readable) < max_bytes:
+                continue
             if file_id in indexing:  # the indexer writes its base: nothing compacts it before that
                 blocked.append(f"{file_id} waits for indexing {indexing[file_id]}")
                 continue

@@ -14,7 +14,6 @@ the shared lifecycle (`metadata.services`), run after commits when
 """
 from __future__ import annotations
 
-import datetime as dt
 import heapq
 import itertools
 import json
@@ -42,11 +41,11 @@ from metatable.metadata.services import (
     CleanReport, CompactionReport, MetadataUndo, clean_service, compaction_service, execute_clean,
     pending_compaction_plans)
 from metatable.storage.base import Storage, read_json
-from metatable.storage.local import LocalStorage
+from metatable.storage.location import storage_for
 from metatable.storage.paths import TablePaths
-from metatable.timeline.instant import Action, Instant, State, time_from_datetime
+from metatable.timeline.instant import Action, Instant, State
 from metatable.timeline.lifecycle import run_due
-from metatable.timeline.lock import TableLock
+from metatable.timeline.lock import table_lock
 from metatable.timeline.timeline import Timeline
 from metatable.timeline.transaction import Transactions
 
@@ -86,40 +85,50 @@ def properties_partitions(storage: Storage, paths: TablePaths) -> dict[str, int]
         return None
 
 
-def finish_swap(storage: Storage, paths: TablePaths, damaged: TablePaths | None = None) -> bool:
-    """Put a rebuilt metadata table (complete: its marker written) in place of the data table's current one,
-    which moves to `damaged` (default: named by now). A crash between the renames leaves no current table
-    and the rebuilt one complete: the next open calls this again. Returns whether it swapped."""
-    staging = paths.metadata_rebuild
-    if not storage.exists(staging.rebuilt_marker):
-        return False
-    current = paths.metadata.root
-    if storage.exists(current):
-        moved = damaged or paths.metadata_damaged(time_from_datetime(dt.datetime.now(dt.timezone.utc)))
-        storage.move_dir(current, moved.root)
-        crash_point("rebuild.swap")
-    storage.move_dir(staging.root, current)
-    storage.delete(paths.metadata.rebuilt_marker)
-    return True
+def metadata_location(storage: Storage, paths: TablePaths) -> TablePaths:
+    """A data table's paths with the metadata table it has now: the one the last generation under
+    `metadata_roots` names (a rebuild creates one), `metadata/` while there is none. One listing."""
+    generations = sorted(n for n in storage.list(paths.metadata_roots) if n.isdigit())
+    if not generations:
+        return paths
+    return paths.with_metadata(storage.read(os.path.join(paths.metadata_roots, generations[-1])).decode())
+
+
+def metadata_roots(storage: Storage, paths: TablePaths) -> list[str]:
+    """Every metadata directory a generation under `metadata_roots` names, oldest first."""
+    return [storage.read(os.path.join(paths.metadata_roots, n)).decode()
+            for n in sorted(n for n in storage.list(paths.metadata_roots) if n.isdigit())]
+
+
+def point_to(storage: Storage, paths: TablePaths, metadata_dir: str) -> None:
+    """Make `metadata_dir` the data table's metadata table, atomically for every later open: the next
+    generation under `metadata_roots`, created once (callers hold the lock)."""
+    generations = sorted(int(n) for n in storage.list(paths.metadata_roots) if n.isdigit())
+    generation = (generations[-1] if generations else 0) + 1
+    if not storage.create_exclusive(os.path.join(paths.metadata_roots, f"{generation:08d}"), metadata_dir.encode()):
+        raise TimelineError(f"metadata root generation {generation} of {paths.root} exists already: another "
+                            "process replaced the metadata table at the same time")
 
 
 class MetadataTable:
     def __init__(self, root: str, *, storage: Storage | None = None, options: Mapping[str, Any] | None = None,
                  authority: Timeline | None = None) -> None:
         self.root = root
-        self.storage = storage or LocalStorage()
+        self.storage = storage or storage_for(root)
         paths = TablePaths(root)
         if not self.storage.exists(paths.properties):
             raise TableNotFoundError(f"no metadata table at {root} (missing {paths.properties}); create it first")
         props = read_json(self.storage, paths.properties, metadata=True)
         self.options = config.resolve({**props.get("options", {}), **(options or {})})
-        lock = authority.lock if authority else TableLock(paths.lock, self.options["lock.timeout_s"])
+        lock = authority.lock if authority else table_lock(self.storage, paths.lock, self.options["lock.timeout_s"],
+                                                           self.options["lock.lease_s"])
         self.timeline = Timeline(self.storage, root, lock, self.options["heartbeat.interval_s"],
                                  self.options["heartbeat.tolerable_misses"])
         self.standalone = authority is None
         self.authority = authority or self.timeline
         self.lock = lock
-        self.layout = MetadataLayout(self.storage, paths, dict(props["partitions"]))
+        self.layout = MetadataLayout(self.storage, paths, dict(props["partitions"]),
+                                     self.options["metadata.sst_cache_bytes"])
         self.transactions = Transactions(
             self.timeline, MetadataUndo(self.layout, self.timeline, authority), name="metadata",
             writes=[Action.DELTACOMMIT] if self.standalone else [], services=[Action.COMPACTION],
@@ -134,7 +143,7 @@ class MetadataTable:
                authority: Timeline | None = None) -> MetadataTable:
         """A new, empty metadata table. `partitions` maps name -> file groups (by default every kind, with
         `metadata.<partition>.file_groups` file groups)."""
-        storage = storage or LocalStorage()
+        storage = storage or storage_for(root)
         config.resolve(options)  # reject unknown options before anything is written
         if partitions is None:
             partitions = list(KINDS)
@@ -260,7 +269,7 @@ class MetadataTable:
         """Start a deltacommit; standalone tables make the instant time, attached ones take the data instant's."""
         if time is None and not self.standalone:
             raise InvalidInputError("the metadata table of a data table commits at the data instant's time")
-        return self.transactions.begin(Action.DELTACOMMIT, time=time, start=False).time
+        return self.transactions.begin(Action.DELTACOMMIT, time=time, start=False, beat=self.standalone).time
 
     def write(self, time: str, records: Mapping[str, Mapping[str, Record | None] | Entries]) -> list[str]:
         """Write the instant's records (None = tombstone) as one log file per touched file group."""

@@ -27,6 +27,7 @@ from metatable.file_group.slice_reader import base_path, log_tables, read_slice
 from metatable.formats.key_pages import key_pages, worth_probing
 from metatable.formats.row_pages import read_rows, rows_of_keys
 from metatable.read.locator import Explain, FileIdsOf, MetadataIndex, RecordIndex, SliceLocator
+from metatable.storage.base import Storage
 from metatable.table_config import KEY_COLUMN
 
 
@@ -93,8 +94,10 @@ def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table, view: 
     config = view.config
     schema, storage_schema = config.schema, config.storage_schema
     slices = [(view.file_slices[group], keys) for group, keys in candidate_slices(context, index, data, view).items()]
-    paged = [i for i, (fs, keys) in enumerate(slices) if fs.base and few_keys(base_path(context.paths, fs), keys)]
-    plans = rows_of_keys([base_path(context.paths, slices[i][0]) for i in paged], [slices[i][1] for i in paged])
+    paged = [i for i, (fs, keys) in enumerate(slices)
+             if fs.base and few_keys(context.storage, base_path(context.paths, fs), keys)]
+    plans = rows_of_keys(context.storage, [base_path(context.paths, slices[i][0]) for i in paged],
+                         [slices[i][1] for i in paged])
     readable = [(i, plan) for i, plan in zip(paged, plans) if plan is not None]
     bases = dict(zip([i for i, _ in readable], read_rows([plan for _, plan in readable], storage_schema.names)))
 
@@ -120,9 +123,9 @@ def with_keys(rows: pa.Table, keys: pa.Array) -> pa.Table:
     return rows.filter(pc.is_in(rows[KEY_COLUMN], value_set=keys))
 
 
-def few_keys(path: str, keys: pa.Array) -> bool:
+def few_keys(storage: Storage, path: str, keys: pa.Array) -> bool:
     """Whether reading `keys` page by page beats reading the base file whole."""
-    return worth_probing(path, len(keys)) and key_pages(path) is not None
+    return worth_probing(storage, path, len(keys)) and key_pages(storage, path) is not None
 
 
 def candidate_slices(context: TableContext, index: MetadataIndex, data: pa.Table,

@@ -198,7 +198,7 @@ class SliceLocator:
             probed = self._keys_probed[path]
         read = None
         if cached is None and self.cache_base_keys and probed > self._page_limit(path):
-            column, read = key_column(path)
+            column, read = key_column(self.storage, path)
             cached = ProbedKeys(column)
         if cached is not None:
             with self._lock:
@@ -208,7 +208,7 @@ class SliceLocator:
                     self._base_keys.popitem(last=False)
             found = cached.contains(candidates)
         else:
-            found, read = base_keys_present(path, candidates)
+            found, read = base_keys_present(self.storage, path, candidates)
         if read is not None:
             with self._lock:
                 explain.base_files_read += 1
@@ -222,9 +222,8 @@ class SliceLocator:
             self._log_keys[key] = ProbedKeys(touched), ProbedKeys(alive)
         return self._log_keys[key]
 
-    @staticmethod
-    def _page_limit(path: str) -> int:
-        pages = key_page_count(path)
+    def _page_limit(self, path: str) -> int:
+        pages = key_page_count(self.storage, path)
         return pages // 2 if pages is not None else 0
 
     def _search(self, keys: pa.Array, partitions: Sequence[str], file_ids_of: FileIdsOf | None) -> Search:

@@ -97,7 +97,7 @@ def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False
 def to_dataframe(context: TableContext, plan: ScanPlan, read_optimized: bool = False, spark: Any = None,
                  columns: Sequence[str] | None = None) -> Any:
     out, _ = plan.projected(columns)
-    df = read_dataframe(active_session(spark), context.paths, plan.config, plan.slices, read_optimized)
+    df = read_dataframe(active_session(spark), context.storage, context.paths, plan.config, plan.slices, read_optimized)
     df = df.where(spark_condition(plan.filters)) if plan.filters else df
     return df.select(*out.names) if columns is not None else df
 
@@ -110,7 +110,7 @@ def file_group_stats(context: TableContext, as_of: str | None = None) -> list[di
         base_rows = base_bytes = 0
         if fs.base:
             path = paths.file(partition, fs.base.file_name)
-            base_rows = base_metadata(path).num_rows
+            base_rows = base_metadata(storage, path).num_rows
             base_bytes = storage.size(path)
         log_paths = [paths.file(partition, lf.file_name) for lf in fs.logs]
         out.append({"partition": partition, "file_id": file_id, "base_rows": base_rows, "base_bytes": base_bytes,

@@ -69,7 +69,7 @@ def check(context: TableContext, repair: bool = False) -> FsckReport:
                 if LogFile.is_log_name(name):
                     read_data_log(context.storage, path, context.config.log_schema)
                 else:
-                    read_base(path)
+                    read_base(context.storage, path)
             except MissingFileError as e:
                 gone.append(Problem("missing", path, str(e)))
             except CorruptFileError as e:

@@ -16,9 +16,11 @@ The new bases are named by the bootstrap time, which every snapshot reads, so th
 of its own; later commits add their logs on top. The rebuild holds the table lock from its recovery to the
 swap: a writer meanwhile waits for the lock (up to `lock.timeout_s`, then a LockTimeoutError with nothing of
 it visible), and a write that began before commits into the new table afterwards (a commit writes its
-metadata only at commit time). The swap moves the old directory to `metadata.damaged-<time>` (kept for
-inspection) and the new one into place; a crash between the two renames is finished by the next open
-(`metadata.table.finish_swap`).
+metadata only at commit time). The new table is built in `.metatable/metadata-<time>/`; the swap is one
+create-only object, the next generation under `.metatable/metadata_roots/` naming it
+(`metadata.table.point_to`): no directory is renamed, which an object store cannot do atomically. The old
+table stays where it was, for inspection; a rebuild that died before its swap leaves a directory no
+generation names, which the sweep of leftovers removes.
 """
 from __future__ import annotations
 
@@ -26,7 +28,6 @@ import dataclasses
 import datetime as dt
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -39,11 +40,12 @@ from metatable.commit.data_commit import files_record
 from metatable.commit.index_states import read_states
 from metatable.config import METADATA_PREFIXES
 from metatable.formats.clustering_plan import ClusteringPlan
-from metatable.metadata.table import MetadataTable, finish_swap, properties_partitions
+from metatable.faults import crash_point
+from metatable.metadata.table import MetadataTable, metadata_location, point_to, properties_partitions
 from metatable.services.index_build import build, write_records
 from metatable.storage.base import Storage
-from metatable.storage.local import LocalStorage
-from metatable.storage.paths import TablePaths
+from metatable.storage.location import storage_for, table_root
+from metatable.storage.paths import REBUILT_PREFIX, TablePaths
 from metatable.table_config import READY, TableConfig
 from metatable.timeline.instant import BOOTSTRAP_TIME, DATA_ACTIONS, Action, time_from_datetime
 from metatable.timeline.replay import live_files
@@ -71,12 +73,13 @@ def rebuild(context: TableContext) -> RebuildReport:
         counts = properties_partitions(storage, paths.metadata) or context.config.metadata_partitions()
         wanted = context.config.with_index_states(states).metadata_partitions()
         partitions = {p: counts.get(p, n) for p, n in wanted.items()}
-        staging = paths.metadata_rebuild
-        storage.remove_dir(staging.root)  # a rebuild that died before its swap
+        name = REBUILT_PREFIX + time_from_datetime(dt.datetime.now(dt.timezone.utc))
+        staging = paths.with_metadata(name)
+        storage.remove_dir(staging.metadata.root)  # a rebuild that died in this same millisecond
         mdt_options = {k: v for k, v in context.config.options.items() if k.startswith(METADATA_PREFIXES)}
-        fresh = MetadataTable.create(staging.root, partitions, options=mdt_options, storage=storage,
+        fresh = MetadataTable.create(staging.metadata.root, partitions, options=mdt_options, storage=storage,
                                      authority=context.timeline)
-        rebuilt = dataclasses.replace(context, metadata=fresh)
+        rebuilt = dataclasses.replace(context, paths=staging, metadata=fresh)
         live, missing = live_files(context.timeline, context.paths, context.storage)
         written = {"files": write_records(rebuilt, BOOTSTRAP_TIME, "files", partitions["files"], files_records(live))}
         if "hashing_meta" in partitions:
@@ -86,14 +89,14 @@ def rebuild(context: TableContext) -> RebuildReport:
         ready = {p: partitions[p] for p, state in states.items() if state == READY and p in partitions}
         written.update(build(rebuilt, BOOTSTRAP_TIME, ready, up_to))
         fresh.close()
-        damaged = paths.metadata_damaged(time_from_datetime(dt.datetime.now(dt.timezone.utc)))
-        storage.write_atomic(staging.rebuilt_marker, (up_to or "").encode())
-        finish_swap(storage, paths, damaged)
+        crash_point("rebuild.swap")
+        point_to(storage, paths, name)
         context.metadata.close()
-    report = RebuildReport(written, sum(map(len, live.values())), tuple(missing), up_to, damaged.root,
+    damaged = paths.metadata.root
+    report = RebuildReport(written, sum(map(len, live.values())), tuple(missing), up_to, damaged,
                            round(time.monotonic() - started, 3))
-    log.warning("rebuilt the metadata table of %s as of %s: %s records, %d files (%d missing); the old one is at %s",
-                paths.root, up_to, written, report.files, len(missing), damaged.root)
+    log.warning("rebuilt the metadata table of %s as of %s: %s records, %d files (%d missing); the old one stays "
+                "at %s", paths.root, up_to, written, report.files, len(missing), damaged)
     return report
 
 
@@ -101,8 +104,8 @@ def restore_properties(path: str, storage: Storage | None = None) -> None:
     """Make a metadata table's unreadable properties again from the table config, so that the table opens and
     can be rebuilt (the rebuild then writes every partition with these file-group counts); the damaged file is
     kept beside as `properties.json.damaged`."""
-    storage = storage or LocalStorage()
-    paths = TablePaths(os.path.abspath(path))
+    storage = storage or storage_for(path)
+    paths = metadata_location(storage, TablePaths(table_root(path)))
     config = TableConfig.from_json(storage.read(paths.table_config).decode())
     target = paths.metadata.properties
     storage.write_atomic(target + ".damaged", storage.read(target))

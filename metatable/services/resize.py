@@ -93,7 +93,7 @@ def slice_ref(view: TimelineView, fs: FileSlice) -> SliceRef:
 def slice_keys(context: TableContext, fs: FileSlice) -> pa.ChunkedArray:
     """The record keys of a file slice (its base's key column alone when it has no logs)."""
     if fs.base and not fs.logs:
-        return key_column(context.paths.file(fs.partition, fs.base.file_name))[0]
+        return key_column(context.storage, context.paths.file(fs.partition, fs.base.file_name))[0]
     return read_slice(context.storage, context.paths, context.config, fs)[KEY_COLUMN]
 
 
@@ -182,15 +182,19 @@ class CatchUp:
                 for version, name in enumerate(names, start=1):
                     target = LogFile(file_id, self.instant, version, f"{self.instant}-catchup{version}")
                     path = new_file(context.storage, context.paths, self.instant, partition, target.file_name)
-                    context.storage.write_atomic(path, context.storage.read(context.paths.file(partition, name)))
-                    out.append(WrittenFile(partition, file_id, target.file_name, "log", context.storage.size(path), 0))
-            else:  # merged into the child's base file, rewritten under the same name
+                    data = context.storage.read(context.paths.file(partition, name))
+                    context.storage.write_atomic(path, data)
+                    out.append(WrittenFile(partition, file_id, target.file_name, "log", len(data), 0))
+            else:  # merged into a new base file of the child, which replaces the one the resize wrote (a name is
+                # never written twice: caches of a file's pages go by its name on an object store)
                 rows = [dual_rows(context.storage, context.paths, config, partition, n) for n in names]
-                current = read_base(context.paths.file(partition, base.file_name), config.storage_schema) \
-                    if base is not None else None
+                current = read_base(context.storage, context.paths.file(partition, base.file_name),
+                                    config.storage_schema) if base is not None else None
                 out = [f for f in out if f is not base]
                 out.append(merge_into_base(context.storage, context.paths, config, self.instant, partition, file_id,
-                                           current, rows, self.write_token))
+                                           current, rows))
+                if base is not None:
+                    context.storage.delete(context.paths.file(partition, base.file_name))
             self.adopted += [(partition, n) for n in names]
         if self.adopted:
             log.info("resize %s caught up %d dual-write logs of writes committed meanwhile", self.instant,

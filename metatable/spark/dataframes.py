@@ -1,5 +1,7 @@
-"""Snapshot reads as DataFrames: base files that need no merge go to Spark's own Parquet reader; file slices
-with logs are merged by `mapInArrow` tasks, one slice at a time."""
+"""Snapshot reads as DataFrames: base files that need no merge go to Spark's own Parquet reader (on a file
+system: Spark reaches an object store only through Hadoop's S3 connector, which the stock pyspark package
+lacks); file slices with logs, and every slice on an object store, are read by `mapInArrow` tasks through the
+table's storage, one slice at a time."""
 from __future__ import annotations
 
 from functools import partial
@@ -10,33 +12,35 @@ import pyarrow as pa
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import base_path, read_slice
 from metatable.spark.session import to_spark_schema
-from metatable.storage.local import LocalStorage
+from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
 from metatable.table_config import TableConfig
 
 
-def _read_slices(paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice], read_optimized: bool,
-                 batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    storage = LocalStorage()
+def _read_slices(storage: Storage, paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice],
+                 read_optimized: bool, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     names = config.schema.names
     for batch in batches:
         for index in batch.column(0).to_pylist():
             yield from read_slice(storage, paths, config, slices[index], read_optimized).select(names).to_batches()
 
 
-def read_dataframe(spark, paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice], read_optimized: bool):
+def read_dataframe(spark, storage: Storage, paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice],
+                   read_optimized: bool):
     """A snapshot of the given file slices as a DataFrame in the table's schema."""
     schema = to_spark_schema(config.schema)
     names = config.schema.names
-    plain = [base_path(paths, s) for s in slices if s.base and (read_optimized or not s.logs)]
-    merged = [s for s in slices if s.logs and not read_optimized]
+    plain_ones = [s for s in slices if s.base and (read_optimized or not s.logs)] if storage.local else []
+    plain = [base_path(paths, s) for s in plain_ones]
+    chosen = {id(s) for s in plain_ones}
+    merged = [s for s in slices if id(s) not in chosen and (s.base or s.logs)]  # read by Python tasks
     frames = []
     if plain:
         frames.append(spark.read.schema(to_spark_schema(config.storage_schema)).parquet(*plain).select(*names))
     if merged:
         parallelism = max(1, min(len(merged), spark.sparkContext.defaultParallelism * 2))
         ids = spark.range(len(merged), numPartitions=parallelism)
-        frames.append(ids.mapInArrow(partial(_read_slices, paths, config, merged, read_optimized), schema))
+        frames.append(ids.mapInArrow(partial(_read_slices, storage, paths, config, merged, read_optimized), schema))
     if not frames:
         return spark.createDataFrame([], schema)
     result = frames[0]

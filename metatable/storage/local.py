@@ -4,19 +4,124 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
+from typing import Iterator, Sequence
 
-from metatable.storage.base import TEMP_MARK
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from metatable.storage.base import TEMP_MARK, FileInfo
 
 
 class LocalStorage:
     """Storage on a local (or locally mounted) filesystem."""
 
-    def read(self, path: str) -> bytes:
+    local = True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LocalStorage)
+
+    def __hash__(self) -> int:
+        return hash(LocalStorage)
+
+    def check(self, path: str) -> None:
+        """A file system makes files exclusively (`os.link`) and renames atomically: nothing to check."""
+
+    # -- reading ------------------------------------------------------------------------------------
+    def read(self, path: str, immutable: bool = False) -> bytes:
+        """(`immutable` is for object stores; the OS's page cache keeps a local file's bytes.)"""
         with open(path, "rb") as f:
             return f.read()
 
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        with open(path, "rb") as f:
+            return os.pread(f.fileno(), length, offset)
+
+    def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        with open(path, "rb") as f:
+            return [os.pread(f.fileno(), length, offset) for offset, length in ranges]
+
+    def read_tail(self, path: str, length: int) -> tuple[bytes, int]:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            return os.pread(f.fileno(), min(length, size), max(size - length, 0)), size
+
+    def open_input(self, path: str, size: int | None = None) -> pa.NativeFile:
+        return pa.OSFile(path)
+
+    def arrow_filesystem(self) -> pafs.FileSystem:
+        return pafs.LocalFileSystem()
+
+    def stat(self, path: str) -> FileInfo:
+        return _info(path, os.stat(path))
+
+    def content_version(self, path: str) -> str:
+        return self.stat(path).version
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(path)
+
+    def list(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except FileNotFoundError:
+            return []
+
+    def sizes(self, path: str) -> dict[str, int]:
+        try:
+            entries = list(os.scandir(path))
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for entry in entries:
+            try:
+                if entry.is_file():
+                    out[entry.name] = entry.stat().st_size
+            except FileNotFoundError:
+                continue
+        return out
+
+    def walk(self, path: str) -> Iterator[FileInfo]:
+        for directory, _, names in os.walk(path):
+            for name in names:
+                full = os.path.join(directory, name)
+                try:
+                    yield _info(full, os.stat(full))
+                except FileNotFoundError:  # removed since the directory was read
+                    continue
+
+    def clock(self, path: str) -> float:
+        return time.time()
+
+    def ages(self, path: str) -> dict[str, float]:
+        now = time.time()
+        try:
+            entries = list(os.scandir(path))
+        except FileNotFoundError:
+            return {}
+        ages = {}
+        for entry in entries:
+            try:
+                ages[entry.name] = now - entry.stat().st_mtime
+            except FileNotFoundError:
+                continue
+        return ages
+
+    def copy_to_local(self, path: str, local: str) -> None:
+        """A hard link where the file system allows it (no bytes copied), else a copy."""
+        try:
+            os.link(path, local)
+        except FileNotFoundError:
+            raise
+        except OSError:  # another file system
+            shutil.copyfile(path, local)
+
+    # -- writing ------------------------------------------------------------------------------------
     def staging_path(self, path: str) -> str:
         """A sibling name to write to before `publish`; hidden from listings of published files."""
         p = Path(path)
@@ -32,7 +137,7 @@ class LocalStorage:
             os.fsync(f.fileno())
         return staged
 
-    def write_atomic(self, path: str, data: bytes) -> None:
+    def write_atomic(self, path: str, data: bytes, immutable: bool = False) -> None:
         """Readers see either nothing or the whole file, never a torn one."""
         self.publish(self._stage(path, data), path)
 
@@ -47,20 +152,13 @@ class LocalStorage:
         finally:
             os.unlink(staged)
 
-    def publish(self, staged: str, path: str) -> None:
+    def publish(self, staged: str, path: str) -> int:
+        size = os.stat(staged).st_size
         os.replace(staged, path)
+        return size
 
-    def list(self, path: str) -> list[str]:
-        try:
-            return sorted(os.listdir(path))
-        except FileNotFoundError:
-            return []
-
-    def exists(self, path: str) -> bool:
-        return os.path.exists(path)
-
-    def size(self, path: str) -> int:
-        return os.path.getsize(path)
+    def move(self, source: str, target: str) -> None:
+        os.replace(source, target)
 
     def delete(self, path: str) -> None:
         try:
@@ -71,17 +169,21 @@ class LocalStorage:
             if e.errno != errno.ENAMETOOLONG:
                 raise
 
-    def local_path(self, path: str) -> str:
-        return path
+    def delete_many(self, paths: Sequence[str]) -> None:
+        for path in paths:
+            self.delete(path)
 
     def makedirs(self, path: str) -> None:
         if path:
             os.makedirs(path, exist_ok=True)
 
-    def move_dir(self, source: str, target: str) -> None:
-        """Rename a directory (atomic on one filesystem); `target` must not exist."""
-        os.rename(source, target)
-
     def remove_dir(self, path: str) -> None:
         """Delete a directory and everything in it (nothing if it does not exist)."""
         shutil.rmtree(path, ignore_errors=True)
+
+    def scratch(self, path: str) -> str:
+        return path
+
+
+def _info(path: str, st: os.stat_result) -> FileInfo:
+    return FileInfo(path, st.st_size, st.st_mtime, f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}")

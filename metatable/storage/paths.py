@@ -2,23 +2,29 @@
 
 A data table and a metadata table share one layout under their root: `.metatable/` holds the
 timeline, heartbeats, write markers, the lock and the table's properties; a data table's metadata
-table lives at `.metatable/metadata/` (a table of its own, with the same layout). Data files live in
+table lives at `.metatable/metadata/` (a table of its own, with the same layout), or, once rebuilt, in
+the directory that the last of `.metatable/metadata_roots/` names. Roots are local directories or
+`s3://bucket/prefix` URLs; both join with `os.path.join`. Data files live in
 Hive-style partition directories under the root, `.` being the root itself.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 from indexes.keys import NON_PARTITIONED
 
 META_DIR = ".metatable"
+METADATA_DIR = "metadata"
+REBUILT_PREFIX = "metadata-"  # a rebuilt metadata table's directory: `metadata-<instant time>`
 SST_CACHE = "sst_cache"
 
 
 @dataclass(frozen=True)
 class TablePaths:
     root: str
+    metadata_dir: str = METADATA_DIR  # a data table's: which directory under `.metatable` holds its metadata table
 
     @property
     def meta(self) -> str:
@@ -73,22 +79,17 @@ class TablePaths:
 
     @property
     def metadata(self) -> TablePaths:
-        """The paths of a data table's metadata table."""
-        return TablePaths(os.path.join(self.meta, "metadata"))
+        """The paths of a data table's metadata table (the one `metadata_dir` names)."""
+        return TablePaths(os.path.join(self.meta, self.metadata_dir))
 
     @property
-    def metadata_rebuild(self) -> TablePaths:
-        """Where `metatable metadata rebuild` builds the new metadata table before swapping it in."""
-        return TablePaths(os.path.join(self.meta, "metadata.rebuild"))
+    def metadata_roots(self) -> str:
+        """Create-only generations, each naming the directory of the metadata table from then on (a rebuild
+        adds one: on an object store a directory cannot be renamed); none means `metadata`."""
+        return os.path.join(self.meta, "metadata_roots")
 
-    def metadata_damaged(self, time: str) -> TablePaths:
-        """Where a rebuild moves the metadata table it replaces (kept for inspection; delete it at will)."""
-        return TablePaths(os.path.join(self.meta, f"metadata.damaged-{time}"))
-
-    @property
-    def rebuilt_marker(self) -> str:
-        """In a rebuilt metadata table: written once it is complete, so a crashed swap can be finished."""
-        return os.path.join(self.meta, "rebuilt")
+    def with_metadata(self, metadata_dir: str) -> TablePaths:
+        return dataclasses.replace(self, metadata_dir=metadata_dir)
 
     @property
     def sst_cache(self) -> str:

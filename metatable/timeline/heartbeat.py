@@ -1,10 +1,16 @@
-"""Heartbeats of inflight instants, so that a dead writer's instant can be found and rolled back."""
+"""Heartbeats of inflight instants, so that a dead writer's instant can be found and rolled back.
+
+A beat rewrites `<heartbeats>/<instant>`; its age is judged by the storage's own clock (`Storage.ages`: the
+file's modification time against the store's now), never by comparing the clock of the process that beat with
+the clock of the one that looks: on an object store the two are different hosts.
+"""
 from __future__ import annotations
 
 import os
 import threading
 import time
 
+from metatable.errors import StorageError
 from metatable.storage.base import Storage
 
 
@@ -19,10 +25,10 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def beat(self) -> None:
-        self.storage.write_atomic(self.path, str(time.time()).encode())
+        self.storage.write_atomic(self.path, str(time.time()).encode())  # the time is for people: ages are the store's
 
     def start(self) -> Heartbeat:
-        self.beat()
+        """Beat every `interval_s` from now; the instant's first beat was written when it was made or claimed."""
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{os.path.basename(self.path)}",
                                         daemon=True)
         self._thread.start()
@@ -32,7 +38,7 @@ class Heartbeat:
         while not self._stop.wait(self.interval_s):
             try:
                 self.beat()
-            except OSError:  # the table may be going away; the writer reports its own errors
+            except (OSError, StorageError):  # the table may be going away; the writer reports its own errors
                 return
 
     def stop(self, remove: bool = True) -> None:
@@ -49,18 +55,8 @@ class Heartbeat:
         self.stop()
 
 
-def last_beat(storage: Storage, directory: str, instant_time: str) -> float | None:
-    path = os.path.join(directory, instant_time)
-    try:
-        return float(storage.read(path).decode())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def is_expired(storage: Storage, directory: str, instant_time: str, interval_s: float, misses: int,
-               now: float | None = None) -> bool:
-    """True when the instant's writer stopped beating (or never started) long enough ago."""
-    beat = last_beat(storage, directory, instant_time)
-    if beat is None:
-        return True
-    return (now or time.time()) - beat > interval_s * misses
+def is_expired(ages: dict[str, float], instant_time: str, interval_s: float, misses: int) -> bool:
+    """True when the instant's writer stopped beating (or never started) long enough ago; `ages` are the
+    heartbeat directory's (`Storage.ages`)."""
+    age = ages.get(instant_time)
+    return age is None or age > interval_s * misses

@@ -1,34 +1,114 @@
-"""The table lock: an OS file lock held only for short critical sections."""
+"""The table lock, held only for short critical sections (making an instant, scheduling a service, a conflict
+check and its commit), and the commit point it fences.
+
+Two kinds, by where the table lives:
+- `FileLock`: an OS file lock (`flock`) on `.metatable/lock`, for local and mounted file systems.
+- `LeaseLock`: on an object store, which has no locks and no renames, a chain of create-only generations
+  under `.metatable/lock/`: `<g>` (12 digits) is created with create-if-absent by whoever takes the lock,
+  so exactly one process creates each generation. An empty generation means free; a held one names its owner
+  (JSON). The holder rewrites `<g>.beat` while it holds the lock; one whose generation and beat are older than
+  `lock.lease_s`, judged by the store's own clock (`Storage.ages`), may be taken over by creating `<g+1>`.
+
+The fence: `fence(path, data)` is how a holder makes a decision (a completed instant) that a holder whose
+lease was taken over must not make late. Under a `LeaseLock` it first creates the next generation carrying
+the decision; if another process took the lock meanwhile, that generation exists and the holder fails
+(`LeaseLostError`) instead of committing on a stale conflict check (Hudi's storage-based lock has no such
+fence). Whoever takes the lock next finds a decision whose file is missing in the generation it takes over,
+and writes that file: a decided commit is rolled forward, never lost. Under a `FileLock` the OS guarantees
+the holder, and a fence is the create-if-absent write alone.
+
+Requests on an object store, uncontended: taking the lock is one LIST and one create, releasing it one create,
+a fence one create; a beat every `lock.lease_s / 6` only while a section lasts that long.
+"""
 from __future__ import annotations
 
+import base64
 import errno
 import fcntl
+import itertools
+import json
+import logging
+import math
 import os
+import socket
 import threading
 import time
+import uuid
 from contextlib import contextmanager
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
 
-from metatable.errors import LockTimeoutError
+from metatable.errors import LeaseLostError, LockTimeoutError, StorageAccessError, StorageError
+from metatable.storage.base import Storage
 
-_local = threading.local()
+log = logging.getLogger(__name__)
+
+_local = threading.local()  # per thread: lock path -> depth of nested critical sections
+_tenures = itertools.count(1)
+_leases: dict[str, _Lease] = {}  # lock path -> this process's holding of a LeaseLock
+_mutexes: dict[str, threading.Lock] = {}  # lock path -> the threads of this process take turns here first
+_registry = threading.Lock()
+GENERATION_DIGITS = 12
+KEEP_GENERATIONS = 16  # generations (and their beats) left behind when older ones are deleted
+COLLECT_EVERY = 32  # delete old generations when a generation number is a multiple of this
 
 
-class TableLock:
+class TableLock(Protocol):
+    path: str
+
+    def held(self, shared: bool = False) -> Iterator[None]:
+        """The lock, for the body; re-entrant within a thread."""
+
+    def fence(self, path: str, data: bytes) -> bool:
+        """Create `path` with `data` (create-if-absent) as a decision of the holder; False when it existed."""
+
+    def tenure(self) -> int | None:
+        """A number for this thread's current holding of the lock (None when it does not hold it): what the
+        holder read under it stays valid while the number is the same, since only holders change the timeline."""
+
+
+def table_lock(storage: Storage, path: str, timeout_s: float = 60.0, lease_s: float = 60.0) -> TableLock:
+    """The lock of the table whose lock path is `path`, of the kind its storage allows."""
+    if storage.local:
+        return FileLock(storage, path, timeout_s)
+    return LeaseLock(storage, path, timeout_s, lease_s)
+
+
+def _depths() -> dict[str, int]:
+    depth = getattr(_local, "depth", None)
+    if depth is None:
+        depth = _local.depth = {}
+    return depth
+
+
+def _tenure_of(path: str) -> dict[str, int]:
+    tenure = getattr(_local, "tenure", None)
+    if tenure is None:
+        tenure = _local.tenure = {}
+    return tenure
+
+
+class FileLock:
     """Exclusive (or shared, for checks), process-wide, re-entrant within a thread (nested critical sections
     are fine)."""
 
-    def __init__(self, path: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, storage: Storage, path: str, timeout_s: float = 60.0) -> None:
+        self.storage = storage
         self.path = path
         self.timeout_s = timeout_s
+
+    def tenure(self) -> int | None:
+        return _tenure_of(self.path).get(self.path) if _depths().get(self.path) else None
+
+    def fence(self, path: str, data: bytes) -> bool:
+        return self.storage.create_exclusive(path, data)
 
     @contextmanager
     def held(self, shared: bool = False) -> Iterator[None]:
         """The lock, for the body. `shared`: only so that no commit happens meanwhile (a check that reads
         two things that must agree); it needs no write access, so it works on read-only storage, where
         nobody commits."""
-        depth = getattr(_local, "depth", {})
-        _local.depth = depth
+        depth = _depths()
         if depth.get(self.path):
             depth[self.path] += 1
             try:
@@ -58,6 +138,7 @@ class TableLock:
                         ) from None
                     time.sleep(0.005)
             depth[self.path] = 1
+            _tenure_of(self.path)[self.path] = next(_tenures)
             try:
                 yield
             finally:
@@ -65,3 +146,157 @@ class TableLock:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+
+@dataclass
+class _Lease:
+    """One holding of a `LeaseLock`: its generation (a fence moves it on), and the signal that stops renewing."""
+
+    generation: int
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+class LeaseLock:
+    """A lock held as a lease on an object store (see the module docstring)."""
+
+    def __init__(self, storage: Storage, path: str, timeout_s: float = 60.0, lease_s: float = 60.0) -> None:
+        self.storage = storage
+        self.path = path
+        self.timeout_s = timeout_s
+        self.lease_s = lease_s
+        with _registry:
+            self._mutex = _mutexes.setdefault(path, threading.Lock())
+
+    @property
+    def owner(self) -> str:
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    def generation_path(self, generation: int) -> str:
+        return os.path.join(self.path, f"{generation:0{GENERATION_DIGITS}d}")
+
+    def tenure(self) -> int | None:
+        return _tenure_of(self.path).get(self.path) if _depths().get(self.path) else None
+
+    @contextmanager
+    def held(self, shared: bool = False) -> Iterator[None]:
+        depth = _depths()
+        if depth.get(self.path):
+            depth[self.path] += 1
+            try:
+                yield
+            finally:
+                depth[self.path] -= 1
+            return
+        if not self._mutex.acquire(timeout=self.timeout_s):
+            raise LockTimeoutError(f"could not take the table lock {self.path} within {self.timeout_s}s; another "
+                                   "thread of this process holds it")
+        try:
+            lease = self._acquire()
+        except StorageAccessError:
+            self._mutex.release()
+            if not shared:
+                raise
+            yield  # a store this process may not write to: it commits nothing meanwhile
+            return
+        except BaseException:
+            self._mutex.release()
+            raise
+        depth[self.path] = 1
+        _tenure_of(self.path)[self.path] = next(_tenures)
+        renewal = threading.Thread(target=self._renew, args=(lease,), name=f"lease-{lease.generation}",
+                                   daemon=True)
+        renewal.start()
+        try:
+            yield
+        finally:
+            depth[self.path] = 0
+            lease.stop.set()
+            renewal.join()
+            try:
+                self._release(lease)
+            finally:
+                self._mutex.release()
+
+    def fence(self, path: str, data: bytes) -> bool:
+        lease = _leases.get(self.path)
+        assert lease is not None and _depths().get(self.path), "a fence needs the lock held"
+        record = self._record(commit={"path": path, "data": base64.b64encode(data).decode()})
+        if not self.storage.create_exclusive(self.generation_path(lease.generation + 1), record):
+            raise LeaseLostError(
+                f"the table lock {self.path} was taken over by another process while this one held it (its lease "
+                f"of {self.lease_s}s ran out: the process was paused or cut off from the store), so {path} was not "
+                "written; nothing of the operation is visible, retry it")
+        lease.generation += 1
+        return self.storage.create_exclusive(path, data)
+
+    # -- taking, renewing and giving back ---------------------------------------------------------------
+    def _record(self, **extra: object) -> bytes:
+        return json.dumps({"owner": self.owner, "nonce": uuid.uuid4().hex, **extra}, sort_keys=True).encode()
+
+    def _acquire(self) -> _Lease:
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.005
+        while True:
+            files = {os.path.basename(f.path): f for f in self.storage.walk(self.path)}
+            generations = sorted(int(n) for n in files if n.isdigit())
+            last = generations[-1] if generations else 0
+            taken_from: dict | None = None
+            if last and files[f"{last:0{GENERATION_DIGITS}d}"].size:  # held (a free generation is empty)
+                try:
+                    taken_from = json.loads(self.storage.read(self.generation_path(last)))
+                except FileNotFoundError:  # collected meanwhile: a newer one exists
+                    continue
+                ours = taken_from.get("owner") == self.owner  # a holding of this process whose release failed
+                age = math.inf if ours else self._age(last)  # (one thread of a process is here at a time)
+                if age < self.lease_s:
+                    if time.monotonic() > deadline:
+                        raise LockTimeoutError(
+                            f"could not take the table lock {self.path} within {self.timeout_s}s; "
+                            f"{taken_from.get('owner')} holds it (its lease was renewed {age:.1f}s ago)")
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.25)
+                    continue
+                if not ours:
+                    log.warning("taking over the table lock %s from %s: its lease was last renewed %.1fs ago",
+                                self.path, taken_from.get("owner"), age)
+            if not self.storage.create_exclusive(self.generation_path(last + 1), self._record()):
+                continue  # another process took it first
+            lease = _Lease(last + 1)
+            _leases[self.path] = lease
+            if taken_from and "commit" in taken_from:
+                self._roll_forward(taken_from["commit"])
+            if lease.generation % COLLECT_EVERY == 0:
+                old = [n for n in files if n.split(".")[0].isdigit() and
+                       int(n.split(".")[0]) < last - KEEP_GENERATIONS]
+                self.storage.delete_many([os.path.join(self.path, n) for n in old])
+            return lease
+
+    def _age(self, generation: int) -> float:
+        """Seconds since the holder of `generation` showed it was alive (created it, or renewed it)."""
+        ages = self.storage.ages(self.path)
+        name = f"{generation:0{GENERATION_DIGITS}d}"
+        return min(ages.get(name, float("inf")), ages.get(f"{name}.beat", float("inf")))
+
+    def _roll_forward(self, commit: dict) -> None:
+        """A decision the previous holder fenced and then did not finish writing (it died, or was cut off)."""
+        if self.storage.create_exclusive(commit["path"], base64.b64decode(commit["data"])):
+            log.warning("rolled forward %s: its holder fenced it and stopped before writing it", commit["path"])
+
+    def _renew(self, lease: _Lease) -> None:
+        while not lease.stop.wait(self.lease_s / 6):
+            try:
+                self.storage.write_atomic(f"{self.generation_path(lease.generation)}.beat", b"")
+            except (OSError, StorageError) as e:  # the next fence tells whether the lease was lost
+                log.warning("could not renew the table lock %s: %s", self.path, e)
+
+    def _release(self, lease: _Lease) -> None:
+        _leases.pop(self.path, None)
+        try:
+            released = self.storage.create_exclusive(self.generation_path(lease.generation + 1), b"")
+        except (OSError, StorageError) as e:
+            log.warning("could not release the table lock %s (%s): it is free again once its lease of %ss runs out",
+                        self.path, e, self.lease_s)
+            return
+        if not released:
+            log.warning("the table lock %s was taken over while this process held it (its lease of %ss ran out); "
+                        "nothing was committed after that", self.path, self.lease_s)

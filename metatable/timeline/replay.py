@@ -25,10 +25,10 @@ def live_files(timeline: Timeline, paths: TablePaths, storage: Storage) -> tuple
     live: dict[str, dict[str, int]] = {}
     missing = []
     for partition, names in listed.items():
+        present = storage.sizes(paths.partition_dir(partition))  # one listing a partition, not a request a file
         for name in names:
-            path = paths.file(partition, name)
-            if storage.exists(path):
-                live.setdefault(partition, {})[name] = storage.size(path)
+            if name in present:
+                live.setdefault(partition, {})[name] = present[name]
             else:
-                missing.append(path)
+                missing.append(paths.file(partition, name))
     return live, missing

@@ -24,7 +24,7 @@ from metatable.storage.paths import TablePaths
 from metatable.timeline.archive import Archive, ArchiveSummary, Carry, Content
 from metatable.timeline.heartbeat import Heartbeat, is_expired
 from metatable.timeline.instant import Action, Instant, State, next_time, time_from_datetime, validate_time
-from metatable.timeline.lock import TableLock
+from metatable.timeline.lock import TableLock, table_lock
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,8 @@ AVRO_PLANS = {Action.REPLACECOMMIT: "clustering_plan"}  # requested plans kept a
 
 FUTURE_ALLOWANCE = dt.timedelta(hours=1)  # how far ahead of this clock another writer's may be
 LISTINGS = 5  # listings of the timeline before a state gap is refused
+_held_listings: dict[str, tuple[int, list[str]]] = {}  # timeline directory -> (the lock's tenure, its listing):
+# shared by every Timeline object of the directory in this process, so that all see the holder's changes
 
 
 class Timeline:
@@ -45,13 +47,14 @@ class Timeline:
         self.dir = paths.timeline
         self.heartbeat_dir = paths.heartbeats
         self.archive = Archive(storage, paths.archive)
-        self.lock = lock or TableLock(paths.lock)
+        self.lock = lock or table_lock(storage, paths.lock)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_misses = heartbeat_misses
         # the last listing that passed its checks, its instants and the archive's summary read after it: a write
         # lists the timeline dozens of times, mostly unchanged, so an equal listing is not parsed again (and
         # the summary read then still holds: an archival deletes instants only after it replaced the summary)
         self._last_listing: tuple[list[str], list[Instant], ArchiveSummary] | None = None
+        self._ages: tuple[int | None, dict[str, float]] | None = None  # (the lock's tenure, heartbeat ages)
 
     # -- reading -------------------------------------------------------------------------------
     def instants(self) -> list[Instant]:
@@ -63,13 +66,17 @@ class Timeline:
         listing taken while another process removes an instant may miss some of its files and not others, so
         such a gap is listed again before it is refused."""
         for attempt in range(1, LISTINGS + 1):
-            names = self.storage.list(self.dir)
+            names = self._names() if attempt == 1 else self.storage.list(self.dir)
             cached = self._last_listing
             if cached is not None and cached[0] == names:
                 return list(cached[1])
             latest, gap = self._listing(names)
             if gap is None:
-                summary = self.archive.summary()  # after the listing: see the module docstring of `archive`
+                # read after the listing (see the module docstring of `archive`); the one read after the last
+                # listing still holds when no file of it is gone: an archival replaces the summary before it
+                # removes the instants it archived, so every instant missing now was missing then
+                summary = cached[2] if cached is not None and set(cached[0]) <= set(names) else \
+                    self.archive.summary()
                 # an instant at or before `until` is archived (its state files not yet removed)
                 instants = [i for i in sorted(latest.values()) if not summary.holds(i.time)]
                 self._last_listing = (names, instants, summary)
@@ -234,14 +241,14 @@ class Timeline:
         current = self.get(instant.time, instant.action)
         if current is None or current.state is not State.INFLIGHT:
             raise TimelineError(f"cannot revert {current or instant} to requested: it is not inflight")
-        self.storage.delete(os.path.join(self.dir, current.file_name))
+        self._delete(current.file_name)
         self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
         return current.to(State.REQUESTED)
 
     def remove(self, instant: Instant) -> None:
         """Delete every state file of an instant, completed state first so it vanishes atomically for readers."""
         for state in (State.COMPLETED, State.INFLIGHT, State.REQUESTED):
-            self.storage.delete(os.path.join(self.dir, instant.to(state).file_name))
+            self._delete(instant.to(state).file_name)
         self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
 
     def archive_run(self, run: list[Instant], carry: Carry) -> ArchiveSummary:
@@ -260,11 +267,13 @@ class Timeline:
     def finish_archival(self) -> None:
         """Delete the state files of archived instants that an archival which died left in the timeline."""
         until = self.archive.summary().until
-        for name in self.storage.list(self.dir):
+        for name in self._names():
             if not is_temporary(name) and not name.startswith(".") and name[:17] <= until:
-                self.storage.delete(os.path.join(self.dir, name))
+                self._delete(name)
 
     def _write(self, instant: Instant, content: dict[str, Any] | None) -> None:
+        """A state file, created once (create-if-absent: a second transition to the same state fails instead of
+        overwriting it). A completed state is the commit point: the lock fences it (`lock.LeaseLock`)."""
         if content is None:
             data = b""
         elif instant.state is State.REQUESTED and instant.action in AVRO_PLANS:
@@ -273,7 +282,39 @@ class Timeline:
             data = out.getvalue()
         else:
             data = json.dumps(content, sort_keys=True).encode()
-        self.storage.write_atomic(os.path.join(self.dir, instant.file_name), data)
+        path = os.path.join(self.dir, instant.file_name)
+        created = self.lock.fence(path, data) if instant.is_completed else self.storage.create_exclusive(path, data)
+        if not created:
+            raise TimelineError(f"timeline file {path} exists already: another process made the same transition of "
+                                f"{instant.action.value} {instant.time}; this one stops without changing it")
+        self._listed(add=instant.file_name)
+
+    def _delete(self, name: str) -> None:
+        self.storage.delete(os.path.join(self.dir, name))
+        self._listed(remove=name)
+
+    def _listed(self, add: str | None = None, remove: str | None = None) -> None:
+        """Keep the listing cached for the lock's holder in step with the holder's own changes."""
+        held = _held_listings.get(self.dir)
+        if held is None or held[0] != self.lock.tenure():
+            return
+        names = [n for n in held[1] if n != remove]
+        if add is not None and add not in names:
+            names = sorted([*names, add])
+        _held_listings[self.dir] = (held[0], names)
+
+    def _names(self) -> list[str]:
+        """The timeline directory's listing. While this thread holds the lock, the listing taken under it is
+        reused and kept up to date by this timeline's own changes: only lock holders change the timeline (a
+        write lists it dozens of times, and on an object store each listing is a request)."""
+        tenure = self.lock.tenure()
+        held = _held_listings.get(self.dir)
+        if tenure is not None and held is not None and held[0] == tenure:
+            return list(held[1])
+        names = self.storage.list(self.dir)
+        if tenure is not None:
+            _held_listings[self.dir] = (tenure, names)
+        return names
 
     # -- heartbeats -----------------------------------------------------------------------------
     def heartbeat(self, instant: Instant) -> Heartbeat:
@@ -281,5 +322,12 @@ class Timeline:
 
     def is_expired(self, instant: Instant) -> bool:
         """Whether a pending instant's writer has stopped beating."""
-        return is_expired(self.storage, self.heartbeat_dir, instant.time, self.heartbeat_interval_s,
-                          self.heartbeat_misses)
+        return is_expired(self.heartbeat_ages(), instant.time, self.heartbeat_interval_s, self.heartbeat_misses)
+
+    def heartbeat_ages(self) -> dict[str, float]:
+        """Instant time -> seconds since its process last beat. Read once per holding of the lock (recovery
+        judges every pending instant under it; on an object store a reading is two requests)."""
+        tenure = self.lock.tenure()
+        if tenure is None or self._ages is None or self._ages[0] != tenure:
+            self._ages = (tenure, self.storage.ages(self.heartbeat_dir))
+        return self._ages[1]

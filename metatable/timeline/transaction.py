@@ -70,11 +70,12 @@ class Transactions:
 
     # -- the happy path ------------------------------------------------------------------------------
     def begin(self, action: Action, plan: Content | None = None, *, time: str | None = None,
-              start: bool = True) -> Instant:
-        """A new instant of `action`, inflight (or only requested when not `start`), made after recovery."""
+              start: bool = True, beat: bool = True) -> Instant:
+        """A new instant of `action`, inflight (or only requested when not `start`), made after recovery.
+        `beat`: give it a heartbeat (not for an instant whose liveness another instant's heartbeat tells)."""
         with self.lock.held():
             self.recover()
-            instant = self.timeline.request(action, time, plan, self.others())
+            instant = self.timeline.request(action, time, plan, self.others(), beat=beat)
             return self.timeline.start(instant) if start else instant
 
     def schedule(self, action: Action, plan: Content) -> Instant:

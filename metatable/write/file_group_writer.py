@@ -30,7 +30,6 @@ from metatable.file_group.written import NO_COUNTS, STATS_SCHEMA, stats_row
 from metatable.formats.data_log import write_data_log
 from metatable.formats.log_file import LogFile
 from metatable.storage.base import Storage
-from metatable.storage.local import LocalStorage
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
 from metatable.write.key_prefetch import KeyPrefetch, SliceKeys
 from metatable.write.write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITION_COLUMN, PRESENT_COLUMN, WriteTask
@@ -44,7 +43,7 @@ class FileGroupWriter:
         self.config = task.config
         self.partition = partition
         self.file_id = file_id
-        self.storage = storage or LocalStorage()
+        self.storage = storage or task.storage
         self.slice = task.slices.get((partition, file_id))
         self._log_rows: list[pa.Table] | None = None
 
@@ -203,8 +202,8 @@ class FileGroupWriter:
         block = pa.Table.from_arrays(
             [rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
              for f in schema], schema=schema)
-        write_data_log(self.storage, path, self.task.instant, block, *self.config.log_encoding)
-        return stats_row(self.partition, file_id, lf.file_name, kind, self.storage.size(path), rows.num_rows, counts)
+        size = write_data_log(self.storage, path, self.task.instant, block, *self.config.log_encoding)
+        return stats_row(self.partition, file_id, lf.file_name, kind, size, rows.num_rows, counts)
 
 
 def physical_min(values: pa.ChunkedArray) -> int | None:

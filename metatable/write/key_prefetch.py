@@ -21,7 +21,6 @@ import pyarrow as pa
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import base_path, key_column, log_keys, members
 from metatable.formats.key_pages import worth_probing
-from metatable.storage.local import LocalStorage
 from metatable.write.write_task import WriteTask
 
 FileGroupKey = tuple[str, str]  # (partition, file id)
@@ -80,9 +79,10 @@ class KeyPrefetch:
         """The slice's keys as its writer would read them for `seen_keys` or more keys: a base's key column only
         where that writer would read it whole, and while the budget lasts."""
         path = base_path(self.task.paths, fs)
-        whole = path is not None and self.held_bytes < self.budget and not worth_probing(path, seen_keys)
-        keys = SliceKeys(key_column(path)[0] if whole else None,
-                         log_keys(LocalStorage(), self.task.paths, self.task.config, fs) if fs.logs else None)
+        storage = self.task.storage
+        whole = path is not None and self.held_bytes < self.budget and not worth_probing(storage, path, seen_keys)
+        keys = SliceKeys(key_column(storage, path)[0] if whole else None,
+                         log_keys(storage, self.task.paths, self.task.config, fs) if fs.logs else None)
         with self.lock:
             self.held_bytes += keys.nbytes
         return keys

@@ -140,7 +140,8 @@ def run_spark(task: WriteTask, df) -> pa.Table:
 
     - An input that is a plain scan of local Parquet files is read by the executors themselves
       (`_scan_write`), without moving its rows through the JVM: by one task if it is small (below), else
-      by a tag-and-spill stage and a write stage.
+      by a tag-and-spill stage and a write stage (only for a table on a file system, where the spills of
+      one stage's tasks are where the next stage's tasks can read them).
     - Any other input that Spark estimates at `write.spark_one_task_bytes` or less (128 MB by default, what
       Spark reads in one task) is written by one task that reads it whole, as an in-process write: its
       rows need no shuffle to give each file group one writer, and the task writes its file groups in
@@ -152,7 +153,7 @@ def run_spark(task: WriteTask, df) -> pa.Table:
     plan = explained(df)
     size = estimated_bytes(plan)
     small = size <= limit
-    files = scanned_parquet_files(df, plan, task.config, task.operation)
+    files = scanned_parquet_files(df, plan, task.config, task.operation) if small or task.storage.local else None
     log.debug("%s %s: Spark estimates its input at %.0f bytes: %s", task.operation, task.instant, size,
               f"executors read its {len(files)} Parquet files" if files else
               "one task writes it" if small else "it is shuffled")
@@ -164,7 +165,7 @@ def run_spark(task: WriteTask, df) -> pa.Table:
                                                        to_spark_schema(STATS_SCHEMA)))
         return collected(_shuffled_write(task, df))
     finally:  # the tasks removed their spills, not the instant's directory that holds them
-        shutil.rmtree(task.paths.spill(task.instant), ignore_errors=True)
+        shutil.rmtree(task.storage.scratch(task.paths.spill(task.instant)), ignore_errors=True)
 
 
 SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
@@ -244,7 +245,7 @@ def _scan_write(task: WriteTask, spark, files: list[str], small: bool) -> pa.Tab
 
     if small:
         return run_indexed_tasks(spark, 1, lambda i: run_local(task, chunks(i), task_spill_dir(task)).to_pylist())
-    spill = task.paths.spill(task.instant)
+    spill = task.paths.spill(task.instant)  # on the table's file system: a write task reads another host's spill
 
     def tag_share(i: int) -> list[dict]:
         return spill_tagged(task, chunks(i), os.path.join(spill, f"scan-{i}-{new_write_token()}"))

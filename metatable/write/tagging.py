@@ -15,7 +15,6 @@ from indexes.consistent_hashing import ConsistentHashingAssigner
 
 from metatable.metadata.table import MetadataTable
 from metatable.read.locator import Explain, MetadataIndex, RecordIndex, SliceLocator
-from metatable.storage.local import LocalStorage
 from metatable.table_config import TableConfig
 from metatable.timeline.timeline import Timeline
 from metatable.write.write_task import WriteTask
@@ -35,7 +34,7 @@ def make_assigner(task: WriteTask) -> Assigner:
     if config.index.type == "bucket":
         return BucketAssigner(task.index_plan)
     plan: BloomPlan = task.index_plan
-    storage = LocalStorage()
+    storage = task.storage
     metadata = MetadataTable(task.paths.metadata.root, storage=storage,
                              authority=Timeline(storage, task.paths.root))
     if config.index.type == "record":

@@ -203,13 +203,13 @@ class WriteClient:
             written, data, unwritten = rows_of(view)
             plan = view.index_plan(written.index) if written.index.type == "bucket" \
                 else self.bloom_plan(view, data, operation, instant.time)
-            task = WriteTask(context.paths, written, instant.time, operation, view.file_slices,
+            task = WriteTask(context.paths, context.storage, written, instant.time, operation, view.file_slices,
                              view.log_base_instants(), plan)
             if on_spark:
                 stats = run_spark(task, data)
             else:
                 stream = data if isinstance(data, pa.Table) else data.chunks(written.options["write.chunk_rows"])
-                stats = run_local(task, stream, context.paths.spill(instant.time))
+                stats = run_local(task, stream, context.storage.scratch(context.paths.spill(instant.time)))
             rows = stats.to_pylist()
             crash_point("table.write.files")
             files, tally = written_files(rows), counts(rows)
@@ -307,7 +307,7 @@ class WriteClient:
         if is_dataframe(data):
             tally = partition_counts(data, cols)
         elif isinstance(data, WriteStream):
-            tally = data.partition_counts(cols, self.context.paths.spooled_input(instant))
+            tally = data.partition_counts(cols, self.context.storage.scratch(self.context.paths.spooled_input(instant)))
         elif cols:
             tally = data.group_by(cols).aggregate([([], "count_all")]).rename_columns([*cols, "count"])
         else:

@@ -104,7 +104,7 @@ def write_whole_input(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> Ite
 
 def task_spill_dir(task: WriteTask) -> str:
     """A Spark write task's own spill directory, under the instant's, which a rollback removes."""
-    return os.path.join(task.paths.spill(task.instant), f"task-{new_write_token()}")
+    return os.path.join(task.storage.scratch(task.paths.spill(task.instant)), f"task-{new_write_token()}")
 
 
 def write_groups(task: WriteTask, groups: Iterable[Callable[[], pa.Table]], total: int,

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from indexes.bloom_index import BloomPlan
 
 from metatable.file_group.file_slice import FileSlice
+from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
 from metatable.table_config import TableConfig
 
@@ -20,6 +21,7 @@ PRESENT_COLUMN = "_mt_present"  # the key lives in the row's file group already 
 @dataclass(frozen=True)
 class WriteTask:
     paths: TablePaths
+    storage: Storage  # pickled to executors with its settings (an object store's endpoint and credentials)
     config: TableConfig
     instant: str
     operation: str

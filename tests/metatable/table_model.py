@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 import pyarrow as pa
@@ -12,6 +13,8 @@ from indexes.column_stats import file_column_stats
 from indexes.keys import column_stats_key
 
 from metatable.formats.log_file import LogFile
+from metatable.storage.base import is_temporary
+from metatable.storage.location import storage_for
 from metatable.table import Table
 from metatable.table_config import TableConfig
 from metatable.timeline.instant import Action
@@ -84,14 +87,34 @@ def data_files_on_disk(table: Table) -> set[str]:
     """Data files on disk, but for the dual-write logs kept for a pending resize (adopted when it commits)."""
     pending = {i.time for i in table.context.timeline.pending([Action.REPLACECOMMIT])}
     out = set()
-    for directory, dirs, names in os.walk(table.path):
-        dirs[:] = [d for d in dirs if d != ".metatable"]
-        for name in names:
-            if LogFile.is_log_name(name) and LogFile.parse(name).base_instant in pending:
-                continue
-            if name.endswith(".parquet") or LogFile.is_log_name(name):
-                out.add(os.path.relpath(os.path.join(directory, name), table.path))
+    for info in table.storage.walk(table.path):
+        relative = info.path[len(table.path) + 1:]
+        name = os.path.basename(relative)
+        if relative.startswith(".metatable/") or is_temporary(name):
+            continue
+        if LogFile.is_log_name(name) and LogFile.parse(name).base_instant in pending:
+            continue
+        if name.endswith(".parquet") or LogFile.is_log_name(name):
+            out.add(relative)
     return out
+
+
+def copy_table(source: str, target: str) -> None:
+    """A copy of a table's files (not its SST read caches), on the same storage."""
+    storage = storage_for(source)
+    if storage.local:
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("sst_cache"))
+        return
+    for info in storage.walk(source):
+        relative = info.path[len(source) + 1:]
+        if "sst_cache" not in relative.split("/"):
+            storage.write_atomic(f"{target}/{relative}", storage.read(info.path))
+
+
+def read_parquet(table: Table, path: str) -> tuple[pa.Table, pq.FileMetaData]:
+    """A base file's rows and footer, through the table's storage."""
+    parquet = pq.ParquetFile(table.storage.open_input(path))
+    return parquet.read(), parquet.metadata
 
 
 def files_in_metadata(table: Table) -> set[str]:
@@ -115,7 +138,8 @@ def check_metadata(table: Table) -> None:
         partition, _, name = relative.rpartition("/")
         partition = partition or "."
         path = os.path.join(table.path, relative)
-        expected = file_column_stats(pq.read_table(path), columns, partition, name, pq.read_metadata(path))
+        rows, footer = read_parquet(table, path)
+        expected = file_column_stats(rows, columns, partition, name, footer)
         got = table.metadata.get_many("column_stats", list(expected))
         if (partition, name) not in latest:
             # a resize cannot tombstone what a write that completed before it, at a later instant, recorded

@@ -49,8 +49,8 @@ def snapshot(table: mt.Table) -> list[dict]:
 
 
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
-def test_cluster_replaces_small_file_groups_and_time_travel_reads_the_old_ones(tmp_path, table_type):
-    table, model = loaded(str(tmp_path / "t"), table_type)
+def test_cluster_replaces_small_file_groups_and_time_travel_reads_the_old_ones(lake, table_type):
+    table, model = loaded(lake / "t", table_type)
     table = mt.Table.open(table.path, options={"write.target_file_size": 1 << 20})
     before = table.file_slices()
     last_write = table.timeline()[-1].time
@@ -334,14 +334,15 @@ def model_of(table: mt.Table, journals: list[str]) -> tuple[TableModel, list[dic
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("table_type,index,updates", [
-    ("merge_on_read", "bloom", "reject"), ("merge_on_read", "bloom", "abort_clustering"),
-    ("copy_on_write", "bloom", "reject"), ("merge_on_read", "bucket", "reject")])
-def test_writers_keep_writing_while_another_process_clusters(tmp_path, table_type, index, updates):
+@pytest.mark.parametrize("table_type,index,updates,lake", [
+    ("merge_on_read", "bloom", "reject", "local"), ("merge_on_read", "bloom", "abort_clustering", "local"),
+    ("copy_on_write", "bloom", "reject", "local"), ("merge_on_read", "bucket", "reject", "local"),
+    ("merge_on_read", "bloom", "abort_clustering", "s3")], indirect=["lake"])
+def test_writers_keep_writing_while_another_process_clusters(lake, tmp_path, table_type, index, updates):
     """Two writer processes upsert in a loop (each its own partition) while a third clusters repeatedly:
     nothing committed is lost or duplicated; every writer failure is the named reject error (none with
-    abort_clustering)."""
-    root = str(tmp_path / "t")
+    abort_clustering). Once on the RGW too."""
+    root = lake / "t"
     options = {**SMALL, "clustering.updates": updates, "clean.inline": True, "clean.retain_commits": 4,
                "heartbeat.interval_s": 0.5}
     mt.Table.create(root, SCHEMA, "id", "p", "ts", table_type=table_type, index=mt.IndexConfig(type=index, num_buckets=2),

@@ -264,10 +264,10 @@ def pending_resize(root: str, table_type: str = "merge_on_read") -> tuple[mt.Tab
 
 
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
-def test_writes_during_a_pending_resize_dual_write(tmp_path, table_type):
+def test_writes_during_a_pending_resize_dual_write(lake, table_type):
     """Writes after the plan (dual writes: an upsert and a delete) commit before the resize: its catch-up
-    adopts their dual logs."""
-    table, model, instant = pending_resize(str(tmp_path / "t"), table_type)
+    adopts their dual logs. On both storages."""
+    table, model, instant = pending_resize(lake / "t", table_type)
     during = rows(range(0, 700, 3), "a", "during", 2)
     table.upsert(pa.Table.from_pylist(during, schema=SCHEMA))
     model.apply("upsert", during)
@@ -279,10 +279,10 @@ def test_writes_during_a_pending_resize_dual_write(tmp_path, table_type):
 
 
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
-def test_a_write_that_began_while_the_resize_was_pending_commits_after_it(tmp_path, table_type):
+def test_a_write_that_began_while_the_resize_was_pending_commits_after_it(lake, table_type):
     """The writer (another process) begins after the plan and is held before its commit while the resize
-    commits: it adopts its own dual logs and drops its files of the replaced buckets."""
-    table, model, instant = pending_resize(str(tmp_path / "t"), table_type)
+    commits: it adopts its own dual logs and drops its files of the replaced buckets. On both storages."""
+    table, model, instant = pending_resize(lake / "t", table_type)
     late = rows(range(0, 700, 2), "a", "late", 5)
     writer = act(table.path, "upsert", late, {**BASE, **LIVE}, METATABLE_PAUSE_AT="table.write.files:8")
     deadline = time.time() + 30

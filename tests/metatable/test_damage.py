@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import metatable as mt
 from metatable.errors import CorruptFileError, MissingFileError, TimelineError
 from metatable.formats.key_pages import key_page_count, key_pages, parquet_footer
+from metatable.formats.log_file import LogFile
 from metatable.formats.row_pages import file_pages
 
 from .table_model import SCHEMA, check_metadata, data_files_on_disk, sort_rows
@@ -236,6 +237,35 @@ def test_the_rebuild_command_restores_a_damaged_metadata_table(tmp_path, damaged
     check_metadata(again)
 
 
+def test_fsck_and_the_rebuild_command_on_both_storages(lake):
+    """A lost data file is named by reads and fsck, and healthy again once restored; a damaged metadata log is
+    a named error until `metatable metadata rebuild` (the CLI, on the table's URL) rebuilds the metadata table."""
+    t = two_commits(lake / "t")
+    rows = sort_rows(t.to_arrow().to_pylist())
+    storage, paths = t.storage, t.context.paths
+    victim = next(paths.file(fs.partition, fs.base.file_name) for fs in t.file_slices().values() if fs.base)
+    saved = storage.read(victim)
+    storage.delete(victim)
+    with pytest.raises(MissingFileError, match="missing file .*fsck"):
+        mt.Table.open(t.path).to_arrow()
+    assert [(p.kind, p.path) for p in mt.Table.open(t.path).fsck().problems] == [("missing", victim)]
+    storage.write_atomic(victim, saved)  # restored from a backup
+    assert mt.Table.open(t.path).fsck().healthy
+    logs = f"{paths.metadata.root}/files"
+    newest = max((n for n in storage.list(logs) if ".log." in n), key=lambda n: LogFile.parse(n).instant)
+    storage.write_atomic(f"{logs}/{newest}", storage.read(f"{logs}/{newest}")[:40])  # a torn copy of it
+    with pytest.raises(CorruptFileError, match="metadata rebuild"):
+        mt.Table.open(t.path).to_arrow()
+    out = run_cli("metadata", "rebuild", t.path)
+    assert out.returncode == 0, out.stderr
+    again = mt.Table.open(t.path)
+    assert again.context.paths.metadata_dir.startswith("metadata-")
+    assert again.fsck().healthy and sort_rows(again.to_arrow().to_pylist()) == rows
+    check_metadata(again)
+    again.upsert(batch([5, 1000], "after", 9))
+    assert {r["id"]: r["v"] for r in mt.Table.open(t.path).to_arrow().to_pylist()}[1000] == "after"
+
+
 def child(*args: str, **env: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tests.metatable.table_writer_child", *args], cwd=ROOT_DIR,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -243,15 +273,25 @@ def child(*args: str, **env: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_a_rebuild_killed_between_its_renames_is_finished_by_the_next_open(tmp_path):
+def test_a_rebuild_killed_before_its_swap_leaves_the_old_metadata_in_use_and_is_swept(tmp_path):
+    """The swap is one create-only pointer (no directory renames): killed before it, the rebuild's directory is
+    named by nothing; the table keeps reading its old metadata table, and the sweep removes the half-built one."""
     t = two_commits(tmp_path / "t")
     rows = sort_rows(t.to_arrow().to_pylist())
     proc = child(t.path, "rebuild_metadata", "[]", METATABLE_CRASH_AT="rebuild.swap")
     assert proc.wait(120) == -signal.SIGKILL
-    assert not os.path.exists(f"{t.path}/.metatable/metadata"), "killed between the two renames"
+    [built] = [n for n in os.listdir(f"{t.path}/.metatable") if n.startswith("metadata-")]
     again = mt.Table.open(t.path)
+    assert again.context.paths.metadata_dir == "metadata"
     assert sort_rows(again.to_arrow().to_pylist()) == rows
-    assert again.fsck().healthy
+    report = again.fsck(repair=True)
+    assert f"{t.path}/.metatable/{built}/" in report.leftovers and report.healthy
+    assert not os.path.exists(f"{t.path}/.metatable/{built}")
+    again.rebuild_metadata()
+    rebuilt = mt.Table.open(t.path)
+    assert rebuilt.context.paths.metadata_dir.startswith("metadata-")
+    assert os.path.exists(f"{t.path}/.metatable/metadata"), "the old one stays, for inspection"
+    assert sort_rows(rebuilt.to_arrow().to_pylist()) == rows and rebuilt.fsck().healthy
 
 
 @pytest.mark.slow

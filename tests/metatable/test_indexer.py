@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import time
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,7 +28,7 @@ from metatable.file_group.slice_reader import read_slice
 from metatable.table_config import KEY_COLUMN
 from metatable.timeline.instant import Action
 
-from .table_model import SCHEMA
+from .table_model import SCHEMA, copy_table, read_parquet
 from .test_write_concurrency import act, child, finished, rows
 
 ALL = ["bloom_filter", "column_stats", "record_index"]
@@ -87,10 +85,8 @@ def expected(table: mt.Table) -> dict[str, dict]:
     out: dict[str, dict] = {"bloom_filter": {}, "column_stats": {}, "record_index": {}}
     for (partition, file_id), fs in table.file_slices().items():
         if fs.base:
-            path = table.context.paths.file(partition, fs.base.file_name)
-            data = pq.read_table(path)
-            stats = file_column_stats(data, config.stats_columns(), partition, fs.base.file_name,
-                                      pq.read_metadata(path))
+            data, footer = read_parquet(table, table.context.paths.file(partition, fs.base.file_name))
+            stats = file_column_stats(data, config.stats_columns(), partition, fs.base.file_name, footer)
             out["column_stats"].update({k: {f: v for f, v in r.items() if f != "resets"} for k, r in stats.items()})
             bloom = BloomFilter.build(data[KEY_COLUMN], config.options["index.bloom.fpp"]).to_bytes()
             out["bloom_filter"][bloom_filter_key(partition, fs.base.file_name)] = bloom
@@ -135,8 +131,8 @@ def check_indexes(root: str, partitions=ALL) -> mt.Table:
 
 def built_from_scratch_equal(root: str, tmp_path, partitions=ALL) -> None:
     """The partitions equal the same partitions built on a copy of the table with nothing running."""
-    copy = str(tmp_path / f"scratch-{time.time_ns()}")
-    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("sst_cache"))
+    copy = f"{root}-scratch-{time.time_ns()}"
+    copy_table(root, copy)
     scratch = mt.Table.open(copy, options=OPTIONS)
     for partition in partitions:
         scratch.drop_index(partition)
@@ -217,8 +213,9 @@ def test_record_index_type_tags_through_the_record_index(tmp_path):
 
 # -- scenarios -----------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_a_writers_upsert_for_the_whole_indexing(tmp_path, monkeypatch):
-    root = str(tmp_path / "t")
+def test_a_writers_upsert_for_the_whole_indexing(lake, tmp_path, monkeypatch):
+    """On both storages."""
+    root = lake / "t"
     make(root)
     stop = str(tmp_path / "stop")  # the writers write until the indexing is done, however slow the machine
     writers = [indexer(root, "write", str(seed), stop) for seed in (0, 1)]
@@ -440,7 +437,7 @@ def test_the_build_on_spark_equals_the_build_in_process(tmp_path, spark):
     table.upsert(pa.Table.from_pylist(rows(range(0, 300, 3), "p1", "log", 2), schema=SCHEMA))
     table.delete(pa.table({"id": pa.array([4, 5], pa.int64()), "p": ["p0", "p0"]}))
     copy = str(tmp_path / "copy")
-    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("sst_cache"))
+    copy_table(root, copy)
     for path, session in ((root, spark), (copy, None)):
         t = mt.Table.open(path, options=OPTIONS)
         t.schedule_indexing(ALL)

@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 from metatable.errors import CorruptFileError
 from metatable.file_group.slice_reader import base_keys_present, read_base
 from metatable.formats.key_pages import KEYS_NUL_FREE, key_page_count, key_pages, nul_free_metadata, write_options
+from metatable.storage.local import LocalStorage
 from metatable.table_config import KEY_COLUMN
+
+LOCAL = LocalStorage()
 
 COUNTER = iter(range(10 ** 9))
 
@@ -49,9 +52,9 @@ def test_contains_equals_set_membership(tmp_path, keys, probes, data):
     # prefixes and suffixes of stored keys sit right next to them in the pages
     near = [k[:-1] for k in present if len(k) > 1] + [k + "\x00" for k in present] + [k[1:] for k in present]
     wanted = list(dict.fromkeys(present + probes + [n for n in near if n]))
-    pages = key_pages(path)
+    pages = key_pages(LOCAL, path)
     assert pages is not None
-    assert key_page_count(path) == pages.page_count  # counted from the offset indexes' heads alone
+    assert key_page_count(LOCAL, path) == pages.page_count  # counted from the offset indexes' heads alone
     found, read = pages.contains(wanted)
     stored = set(keys)
     assert found.tolist() == [k in stored for k in wanted]
@@ -65,7 +68,7 @@ def test_the_fast_search_is_only_used_on_nul_free_files(tmp_path):
     tricky = write_keys(tmp_path, ["a", "b", hidden])
     assert pq.read_metadata(clean).metadata[KEYS_NUL_FREE] == b"true"
     assert pq.read_metadata(tricky).metadata[KEYS_NUL_FREE] == b"false"
-    assert key_pages(tricky).contains(["abc", hidden])[0].tolist() == [False, True]
+    assert key_pages(LOCAL, tricky).contains(["abc", hidden])[0].tolist() == [False, True]
 
 
 def test_nul_free_reads_only_the_keys_in_view():
@@ -85,8 +88,8 @@ def test_nul_free_reads_only_the_keys_in_view():
 def test_reads_one_page_per_key(tmp_path):
     keys = [f"key-{i:06d}" for i in range(20_000)]
     path = write_keys(tmp_path, keys, page_rows=100)
-    pages = key_pages(path)
-    assert pages.page_count == key_page_count(path) == 200
+    pages = key_pages(LOCAL, path)
+    assert pages.page_count == key_page_count(LOCAL, path) == 200
     found, read = pages.contains(["key-000123", "key-019999", "key-0001235", "key-5"])
     assert found.tolist() == [True, True, False, False]
     assert read == pages.sizes[1] + pages.sizes[199]  # "key-0001235" shares page 1; "key-5" is past the end
@@ -104,22 +107,22 @@ def test_files_without_a_usable_page_index_fall_back_to_the_column(tmp_path):
     plain = str(tmp_path / "no_index.parquet")
     pq.write_table(pa.table({KEY_COLUMN: keys}), plain, use_dictionary=False)
     for path in (unsorted, dictionary, plain):
-        assert key_pages(path) is None
-        found, read = base_keys_present(path, pa.array(["k7", "k70"]))
+        assert key_pages(LOCAL, path) is None
+        found, read = base_keys_present(LOCAL, path, pa.array(["k7", "k70"]))
         assert found.tolist() == [True, False] and read > 0
 
 
 def test_many_candidates_read_the_whole_column(tmp_path):
     keys = [f"k{i:04d}" for i in range(1000)]
     path = write_keys(tmp_path, keys, page_rows=10)
-    found, read = base_keys_present(path, pa.array(keys[:600] + ["zz"]))
+    found, read = base_keys_present(LOCAL, path, pa.array(keys[:600] + ["zz"]))
     assert found.sum() == 600 and not found[-1]
     assert read == pq.read_metadata(path).row_group(0).column(0).total_compressed_size
 
 
 def test_corrupt_files_name_the_file(tmp_path):
     path = write_keys(tmp_path, [f"k{i}" for i in range(100)], page_rows=10)
-    pages = key_pages(path)
+    pages = key_pages(LOCAL, path)
     data = bytearray(open(path, "rb").read())
     page = pages.candidate_pages(b"k35").start
     start = pages.offsets[page]
@@ -130,11 +133,11 @@ def test_corrupt_files_name_the_file(tmp_path):
     garbage = tmp_path / "garbage.parquet"
     garbage.write_bytes(b"not parquet at all")
     with pytest.raises(CorruptFileError, match="garbage.parquet"):
-        key_pages(str(garbage))
+        key_pages(LOCAL, str(garbage))
     truncated = tmp_path / "truncated.parquet"
     truncated.write_bytes(data[-200:])  # the tail of a real file: its footer length points before the start
     with pytest.raises(CorruptFileError, match="truncated.parquet"):
-        key_pages(str(truncated))
+        key_pages(LOCAL, str(truncated))
 
 
 def test_read_base_reads_a_file_in_the_table_schema_and_one_that_lacks_a_column(tmp_path):
@@ -144,9 +147,9 @@ def test_read_base_reads_a_file_in_the_table_schema_and_one_that_lacks_a_column(
                         pa.field(KEY_COLUMN, pa.string(), nullable=False)])
     full = pa.table({"a": [1, 2], "b": ["x", "y"], KEY_COLUMN: ["k1", "k2"]}, schema=schema)
     pq.write_table(full, tmp_path / "full.parquet", write_page_checksum=True)
-    assert read_base(str(tmp_path / "full.parquet"), schema).equals(full)
-    assert read_base(str(tmp_path / "full.parquet"), schema, columns=["b"]).to_pydict() == {"b": ["x", "y"]}
+    assert read_base(LOCAL, str(tmp_path / "full.parquet"), schema).equals(full)
+    assert read_base(LOCAL, str(tmp_path / "full.parquet"), schema, columns=["b"]).to_pydict() == {"b": ["x", "y"]}
     narrow = pa.table({"a": pa.array([3], pa.int32()), KEY_COLUMN: ["k3"]})
     pq.write_table(narrow, tmp_path / "narrow.parquet", write_page_checksum=True)
-    read = read_base(str(tmp_path / "narrow.parquet"), schema)
+    read = read_base(LOCAL, str(tmp_path / "narrow.parquet"), schema)
     assert read.schema.equals(schema) and read.to_pydict() == {"a": [3], "b": [None], KEY_COLUMN: ["k3"]}

@@ -12,7 +12,10 @@ from hypothesis import given, settings, strategies as st
 
 from metatable.formats.key_pages import write_options
 from metatable.formats.row_pages import file_pages, mini_parquet, read_rows, rows_of_keys
+from metatable.storage.local import LocalStorage
 from metatable.table_config import KEY_COLUMN
+
+LOCAL = LocalStorage()
 
 ROWS = 9_000
 
@@ -50,7 +53,7 @@ def files(tmp_path_factory):
 
 def test_pages_are_short_and_indexed(files):
     path, _ = files[1]
-    pages = file_pages(path)
+    pages = file_pages(LOCAL, path)
     assert len(pages.row_groups) == 4 and pages.row_starts == (0, 2500, 5000, 7500)
     assert max(int(np.diff(np.r_[c.first_rows, c.rows]).max()) for g in pages.row_groups for c in g) <= 2048
     encodings = pq.ParquetFile(files[0][0]).metadata.row_group(0).column(pages.names.index("comment")).encodings
@@ -62,7 +65,7 @@ def test_pages_are_short_and_indexed(files):
        columns=st.lists(st.sampled_from(["i", "small", "f", "flag", "comment", "d", "ts", "price", KEY_COLUMN]),
                         min_size=1, max_size=9, unique=True))
 def test_read_rows_equals_take(files, picks, columns):
-    wanted = [(file_pages(path), np.array(sorted(rows), dtype=np.int64)) for (path, _), rows in zip(files, picks)]
+    wanted = [(file_pages(LOCAL, path), np.array(sorted(rows), dtype=np.int64)) for (path, _), rows in zip(files, picks)]
     got = read_rows(wanted, columns)
     for (path, table), (_, rows), part in zip(files, wanted, got):
         expected = table.select(columns).take(rows)
@@ -77,7 +80,7 @@ def test_rows_of_keys_finds_exactly_the_held_keys(files, picks, absent):
     for path, table in files:
         held = set(table[KEY_COLUMN].to_pylist())
         keys = [table[KEY_COLUMN][i].as_py() for i in picks] + [f"k{a:08d}" for a in absent]
-        [(_, rows)] = rows_of_keys([path], [pa.array(keys)])
+        [(_, rows)] = rows_of_keys(LOCAL, [path], [pa.array(keys)])
         expected = sorted(i for i, k in enumerate(table[KEY_COLUMN].to_pylist()) if k in set(keys) & held)
         assert rows.tolist() == expected
 
@@ -85,7 +88,7 @@ def test_rows_of_keys_finds_exactly_the_held_keys(files, picks, absent):
 def test_a_mini_file_is_a_parquet_file_of_the_chosen_pages(files):
     """Two pages of one column, copied with the dictionary page: pyarrow reads exactly their rows."""
     path, table = files[0]
-    pages = file_pages(path)
+    pages = file_pages(LOCAL, path)
     chunk = pages.row_groups[0][pages.names.index("i")]
     with open(path, "rb") as f:
         raw = f.read()

@@ -110,21 +110,24 @@ def table_rows(root: str) -> pa.Table:
 
 
 @pytest.mark.slow
-def test_the_pipeline_on_a_standalone_cluster_equals_local_mode_and_the_expected_rows(cluster, data, tmp_path):
+def test_the_pipeline_on_a_standalone_cluster_equals_local_mode_and_the_expected_rows(cluster, data, lake):
+    """On local files the cluster's steps also equal local mode's. On the RGW (an `s3://` table, workers
+    started without its credentials, stock pyspark without Hadoop's S3 connector) the executors reach the
+    bucket through the storage the driver hands them."""
     data_dir, expected, (loaded, updated, inserted) = data
-    on_cluster = run_steps(cluster, str(tmp_path / "cluster"), data_dir)
-    local = run_steps("local[2]", str(tmp_path / "local"), data_dir)
+    on_cluster = run_steps(cluster, lake / "cluster", data_dir)
     assert on_cluster["driver"] not in on_cluster["executors"], "executors' Python is not the driver's"
     assert len(on_cluster["executors"]) >= 2 and on_cluster["shipped"] == [], "the workers have the project"
-    assert mt.Table.open(str(tmp_path / "cluster")).indexes()["record_index"] == "ready"
+    assert mt.Table.open(lake / "cluster").indexes()["record_index"] == "ready"
     steps = on_cluster["steps"]
-    assert steps == local["steps"]
+    if not lake.remote:
+        assert steps == run_steps("local[2]", lake / "local", data_dir)["steps"]
     assert steps["load"] == loaded and steps["upsert"] == [inserted, updated] and steps["delete"] == 1000
     assert steps["read"] == expected.num_rows and steps["cluster"] and steps["index"] == 1
     assert steps["bloom_upsert"] == [inserted, updated] and steps["bloom_delete"] == 1000
     assert steps["resize"] and steps["ring_delete"] == 1000
-    for root in ("cluster", "local", "cluster-bloom", "local-bloom", "cluster-ch", "local-ch"):
-        got = table_rows(str(tmp_path / root))
+    for root in ("cluster", "cluster-bloom", "cluster-ch", *([] if lake.remote else ["local", "local-bloom", "local-ch"])):
+        got = table_rows(lake / root)
         assert got.equals(expected.select(got.column_names).cast(got.schema)), root
 
 

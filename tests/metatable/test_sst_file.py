@@ -16,7 +16,7 @@ def items(n):
 def test_write_and_read(tmp_path):
     path = str(tmp_path / "b.sst")
     assert write_sst(S, path, items(1000)) == 1000
-    cache = SstCache(str(tmp_path / "cache"))
+    cache = SstCache(LocalStorage(), str(tmp_path / "cache"))
     r = cache.reader(path)
     assert r.get(b"k000010") == b"v10"
     assert r.get(b"nope") is None
@@ -30,7 +30,7 @@ def test_ingest_links_and_keeps_the_base(tmp_path):
     path = str(tmp_path / "b.sst")
     write_sst(S, path, items(100))
     before = open(path, "rb").read()
-    SstCache(str(tmp_path / "cache")).reader(path)
+    SstCache(LocalStorage(), str(tmp_path / "cache")).reader(path)
     assert open(path, "rb").read() == before
     assert os.stat(path).st_nlink == 2  # hard-linked into the read cache, not copied
 
@@ -38,7 +38,7 @@ def test_ingest_links_and_keeps_the_base(tmp_path):
 def test_changed_file_is_not_served_stale(tmp_path):
     path = str(tmp_path / "b.sst")
     write_sst(S, path, [(b"a", b"1")])
-    cache = SstCache(str(tmp_path / "cache"))
+    cache = SstCache(LocalStorage(), str(tmp_path / "cache"))
     assert cache.reader(path).get(b"a") == b"1"
     write_sst(S, path, [(b"a", b"2")])
     assert cache.reader(path).get(b"a") == b"2"
@@ -47,8 +47,8 @@ def test_changed_file_is_not_served_stale(tmp_path):
 def test_cache_shared_across_instances(tmp_path):
     path = str(tmp_path / "b.sst")
     write_sst(S, path, items(10))
-    SstCache(str(tmp_path / "cache")).reader(path)
-    other = SstCache(str(tmp_path / "cache"))
+    SstCache(LocalStorage(), str(tmp_path / "cache")).reader(path)
+    other = SstCache(LocalStorage(), str(tmp_path / "cache"))
     assert other.reader(path).get(b"k000003") == b"v3"
     assert len([n for n in os.listdir(tmp_path / "cache") if not n.startswith(".")]) == 1
 
@@ -67,7 +67,7 @@ def test_corrupt_sst_is_named(tmp_path, damage):
     data = open(path, "rb").read()
     open(path, "wb").write(b"not an sst" * 100 if damage == "garbage" else data[: len(data) // 2])
     with pytest.raises(CorruptFileError, match="b.sst"):
-        SstCache(str(tmp_path / "cache")).reader(path)
+        SstCache(LocalStorage(), str(tmp_path / "cache")).reader(path)
 
 
 def test_a_read_cache_removed_while_another_process_opens_it_is_a_missing_file_naming_the_sst(tmp_path):
@@ -75,7 +75,7 @@ def test_a_read_cache_removed_while_another_process_opens_it_is_a_missing_file_n
     while a reader opened it, and the reader died of RocksDB's raw `IO error: No such file or directory`."""
     path = str(tmp_path / "base.sst")
     write_sst(LocalStorage(), path, [(b"a", b"1")])
-    cache = SstCache(str(tmp_path / "cache"))
-    os.makedirs(os.path.join(cache.root, SstCache.entry_name(path)))  # the entry, its files already removed
+    cache = SstCache(LocalStorage(), str(tmp_path / "cache"))
+    os.makedirs(os.path.join(cache.root, cache.entry_name(path)))  # the entry, its files already removed
     with pytest.raises(MissingFileError, match="base.sst: its read cache was removed while in use"):
         cache.reader(path)

@@ -16,7 +16,7 @@ import metatable as mt
 from .table_model import SCHEMA, TableModel, check_metadata, data_files_on_disk, sort_rows
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FAST = {"heartbeat.interval_s": 0.05, "heartbeat.tolerable_misses": 2}
+FAST = {"heartbeat.interval_s": 0.05, "heartbeat.tolerable_misses": 2, "lock.lease_s": 2.0}
 
 
 def rows(ids, p, v, ts=1):
@@ -30,9 +30,11 @@ def start(root, operation, data, options=None, **env):
 
 
 @pytest.fixture(params=["merge_on_read", "copy_on_write"])
-def table(tmp_path, request):
-    t = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts", table_type=request.param,
-                        index=mt.IndexConfig(num_buckets=1))
+def table(lake, request):
+    """On both storages. A writer killed holding the lock holds it on an object store until its lease runs out
+    (2 s here; 60 s by default)."""
+    t = mt.Table.create(lake / "t", SCHEMA, "id", "p", "ts", table_type=request.param,
+                        index=mt.IndexConfig(num_buckets=1), options={"lock.lease_s": 2.0})
     t.upsert(pa.Table.from_pylist(rows(range(5), "a", "seed") + rows(range(5), "b", "seed"), schema=SCHEMA))
     return t
 

@@ -123,7 +123,7 @@ def test_page_lookups_equal_ground_truth(paged_table, table_type, using, ids, wi
     got, report = table.lookup(pa.table(probe), explain=True, using=using)
     for i, row in zip(ids, got.to_pylist()):
         assert (row["partition"], row["file_id"]) == truth.get((f"q{i % 2}", i), (None, None)), i
-    largest_page = max(max(key_pages(f"{table.path}/{fs.partition}/{fs.base.file_name}").sizes)
+    largest_page = max(max(key_pages(table.storage, f"{table.path}/{fs.partition}/{fs.base.file_name}").sizes)
                        for fs in table.file_slices().values())
     checked = {lvl["level"]: lvl for lvl in report["levels"]}["3 file check"]["pairs_in"] + report["log_candidates"]
     assert report["base_bytes_read"] <= checked * largest_page  # a page per key checked, not whole key columns

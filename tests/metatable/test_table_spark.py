@@ -32,14 +32,16 @@ def as_dicts(df):
 @given(ops=st.lists(operation_strategy, min_size=1, max_size=4), partitioned=st.booleans(),
        spill_bytes=st.sampled_from([0, 1 << 30]), one_task_bytes=st.sampled_from([0, 1 << 20]),
        from_files=st.booleans(), count_updates=st.booleans())
-def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_bytes, one_task_bytes, from_files,
+def test_spark_writes_equal_model(spark, lake, table_type, partitioned, ops, spill_bytes, one_task_bytes, from_files,
                                   count_updates):
     """Write tasks hold their rows by file group (a load sorts them in Spark); spill_bytes 0 spills them all.
     one_task_bytes 1 MiB writes these small inputs in one task, without a shuffle; with 0, an input of local
-    data is shuffled, and a Parquet file read whole is read by the executors (`_scan_write`)."""
+    data is shuffled, and a Parquet file read whole is read by the executors (`_scan_write`). On both
+    storages: on the RGW, the executors reach the bucket through the storage the driver hands them."""
     root = tempfile.mkdtemp(prefix="mt-spark-")
+    path = lake / uuid.uuid4().hex[:8] if lake.remote else f"{root}/t"
     try:
-        table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p" if partitioned else None, "ts",
+        table = mt.Table.create(path, SCHEMA, "id", "p" if partitioned else None, "ts",
                                 table_type=table_type, index=mt.IndexConfig(num_buckets=2),
                                 options={"write.spill_bytes": spill_bytes,
                                          "write.spark_one_task_bytes": one_task_bytes,
@@ -57,7 +59,7 @@ def test_spark_writes_equal_model(spark, table_type, partitioned, ops, spill_byt
         assert as_dicts(table.read()) == model.expected()
         assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
         check_metadata(table)
-        spill = os.path.dirname(TablePaths(f"{root}/t").spill("0"))
+        spill = os.path.dirname(table.storage.scratch(TablePaths(path).spill("0")))
         assert not os.path.exists(spill) or not os.listdir(spill)  # the tasks and the writes removed theirs
     finally:
         shutil.rmtree(root, ignore_errors=True)
