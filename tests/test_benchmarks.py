@@ -74,3 +74,21 @@ def test_peers_reports_every_step_of_every_system(workdir: Path) -> None:
     in_process = [line for line in lines if "start_rss_mb" in line]  # the writes (a get runs in a process of its own)
     assert len(in_process) == 3 * len(systems)
     assert all(line["start_rss_mb"] <= line["peak_rss_mb"] for line in in_process)
+
+
+@pytest.mark.slow
+def test_the_object_store_benchmark_runs_on_the_test_runs_rgw(rgw, workdir: Path) -> None:
+    """`object_store.py` on the run's RGW (its AWS_* settings are in the environment), both systems, every
+    step with its requests counted."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "object_store.py"), "--scale-factors", SF,
+                           "--workdir", str(workdir)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    steps = {(line["system"], line["step"]) for line in lines if "seconds" in line}
+    shared = ["bulk_load", "open", "upsert", "upsert_1000", "delete", "get_1000", "filtered_read", "compaction",
+              "clustering"]
+    assert steps == {(s, step) for s in ("metatable", "delta") for step in shared} | {("metatable", "lookup_1000")}
+    assert all(line["total_requests"] > 0 for line in lines if "seconds" in line and line["step"] != "lookup_1000")
+    assert {line["target"] for line in lines if "target" in line} == {
+        "upsert >= 3x faster than delta-rs", "1,000-row upsert <= 30 requests",
+        "warm lookup <= 1 request per metadata file group, no LIST"}
