@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 from contextlib import contextmanager
@@ -170,3 +171,14 @@ def storage_errors(what: str) -> Iterator[None]:
 class IndexingAborted(MetatableError):
     """The async indexer gave up (a write it had to wait for was still running at `indexer.catchup_timeout_s`,
     or a file it had to read was cleaned); the partitions it was building are removed: schedule it again."""
+
+
+@contextmanager
+def after_the_commit_point(what: str) -> Iterator[None]:
+    """Tidying up after an instant completed (its heartbeat, its markers, files it adopted): the commit is
+    durable, so a storage failure here must not make it look failed. It is logged with what was left behind
+    (a heartbeat or markers go with the next sweep of leftovers, `commit.leftovers`)."""
+    try:
+        yield
+    except (OSError, StorageError) as e:
+        logging.getLogger("metatable").warning("%s after its commit failed; the commit stands: %s", what, e)

@@ -29,7 +29,7 @@ from metatable.commit.dual_writes import DUAL, dual_rows, merge_into_base, resiz
 from metatable.commit.index_records import Change, change_records
 from metatable.commit.schema_history import record_schema
 from metatable.commit.timeline_view import FileGroup, TimelineView, group_name, parse_group_name
-from metatable.errors import ConflictError, MetadataReplacedError
+from metatable.errors import ConflictError, MetadataReplacedError, after_the_commit_point
 from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET, BaseFile, new_write_token
 from metatable.file_group.base_file_writer import new_file
@@ -65,7 +65,8 @@ class Commit:
 
 def commit(context: TableContext, c: Commit) -> Instant:
     done = context.transactions.commit(c.instant, lambda: publish(context, c))
-    clear(context.storage, context.paths, c.instant.time)
+    with after_the_commit_point(f"clearing the markers of {c.instant.time}"):
+        clear(context.storage, context.paths, c.instant.time)
     return done
 
 

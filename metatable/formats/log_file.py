@@ -18,9 +18,7 @@ import enum
 import io
 import os
 import re
-import threading
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -33,6 +31,7 @@ from avro_schemas import schema
 
 from metatable.errors import CorruptFileError, InvalidInputError, naming_damage
 from metatable.storage.base import Storage
+from metatable.storage.cache import SizedCache
 from metatable.timeline.instant import validate_time
 
 LOG_CACHE_BYTES = 256 << 20  # decoded metadata log blocks a metadata table keeps between snapshots (`LogCache`)
@@ -262,41 +261,22 @@ def read_log(storage: Storage, path: str) -> LogBlock:
 
 
 class LogCache:
-    """Decoded log blocks by path and content version (`Storage.content_version`), least recently read evicted
-    past `budget` bytes: a log file is never rewritten, and each new snapshot of a metadata table used to read
-    every log of the file groups it touches again (on an object store a request each)."""
+    """Decoded log blocks by path and content version (`Storage.content_version`), within `budget` bytes: a log
+    file is never rewritten, and each new snapshot of a metadata table used to read every log of the file groups
+    it touches again (on an object store a request each)."""
 
     def __init__(self, storage: Storage, budget: int = LOG_CACHE_BYTES) -> None:
         self.storage = storage
-        self.budget = budget
-        self._blocks: OrderedDict[tuple[str, str], LogBlock] = OrderedDict()
-        self._bytes = 0
-        self._mutex = threading.Lock()
+        self._blocks: SizedCache[LogBlock] = SizedCache(budget, lambda b: b.entries.keys.nbytes + b.entries.values.nbytes)
 
     def read(self, path: str) -> LogBlock:
         with naming_damage(path, metadata=True):
             key = (path, self.storage.content_version(path))
-        with self._mutex:
-            block = self._blocks.get(key)
-            if block is not None:
-                self._blocks.move_to_end(key)
-                return block
-        block = read_log(self.storage, path)
-        size = block.entries.keys.nbytes + block.entries.values.nbytes
-        with self._mutex:
-            if key not in self._blocks and size <= self.budget // 4:
-                self._blocks[key] = block
-                self._bytes += size
-                while self._bytes > self.budget:
-                    _, old = self._blocks.popitem(last=False)
-                    self._bytes -= old.entries.keys.nbytes + old.entries.values.nbytes
+        block = self._blocks.get(key)
+        if block is None:
+            block = read_log(self.storage, path)
+            self._blocks.put(key, block)
         return block
-
-    def forget(self, path: str) -> None:
-        with self._mutex:
-            for key in [k for k in self._blocks if k[0] == path]:
-                old = self._blocks.pop(key)
-                self._bytes -= old.entries.keys.nbytes + old.entries.values.nbytes
 
 
 def header_lengths(text: str | None) -> np.ndarray | None:

@@ -122,9 +122,9 @@ class MetadataTable:
         self.options = config.resolve({**props.get("options", {}), **(options or {})})
         lock = authority.lock if authority else table_lock(self.storage, paths.lock, self.options["lock.timeout_s"],
                                                            self.options["lock.lease_s"])
+        self.standalone = authority is None
         self.timeline = Timeline(self.storage, root, lock, self.options["heartbeat.interval_s"],
                                  self.options["heartbeat.tolerable_misses"])
-        self.standalone = authority is None
         self.authority = authority or self.timeline
         self.lock = lock
         self.layout = MetadataLayout(self.storage, paths, dict(props["partitions"]),
@@ -344,10 +344,10 @@ class MetadataTable:
         return time
 
     def maintain(self) -> None:
-        """Compact what is due, then clean and archive; called after commits."""
-        report = self.compact()
+        """Compact what is due, then clean and archive; called after commits (each looks before it locks)."""
+        report = self.compact(look_first=True)
         if report.instant:
-            self.clean()
+            self.clean(look_first=True)
         self.archive()
 
     def archive(self) -> int:
@@ -428,7 +428,7 @@ class MetadataTable:
         self.refresh()
 
     # -- services -----------------------------------------------------------------------------------
-    def compact(self, force: bool = False) -> CompactionReport:
+    def compact(self, force: bool = False, look_first: bool = False) -> CompactionReport:
         """Compact file groups with `metadata.compact.max_delta_commits` logs or `metadata.compact.max_log_bytes`
         bytes of them (any logs if `force`).
 
@@ -442,11 +442,12 @@ class MetadataTable:
         max_bytes = 1 if force else self.options["metadata.compact.max_log_bytes"]
         service = compaction_service(self.layout, self.transactions, None if self.standalone else self.authority,
                                      threshold, max_bytes, blocked, done)
-        run = run_due(self.transactions, service)
+        run = run_due(self.transactions, service, look_first)
         if run.running_elsewhere is not None:
             why = f"compaction {run.running_elsewhere.time} is running in another process"
             log.info("metadata compaction waits: %s", why)
             return CompactionReport(None, blocked=(why,))
+        blocked = list(dict.fromkeys(blocked))  # a look before the lock planned once more
         for why in blocked:
             log.warning("metadata compaction blocked: %s; it runs as soon as that instant completes or is "
                         "rolled back", why)
@@ -458,12 +459,12 @@ class MetadataTable:
                  ", ".join(done["file_groups"]), run.instant.time, done["records"], seconds)
         return CompactionReport(run.instant.time, done["file_groups"], done["records"], seconds)
 
-    def clean(self) -> CleanReport:
+    def clean(self, look_first: bool = False) -> CleanReport:
         """Delete file slices beyond the newest `metadata.clean.retain_file_slices` per file group, bases of
         compactions that no longer exist, and logs of instants that no timeline knows any more."""
         service = clean_service(self.layout, self.transactions, None if self.standalone else self.authority,
                                 self.options["metadata.clean.retain_file_slices"])
-        run = run_due(self.transactions, service)
+        run = run_due(self.transactions, service, look_first)
         return CleanReport(run.instant.time, run.result) if run.instant else CleanReport(None)
 
     def _finish_clean(self, instant: Instant) -> None:

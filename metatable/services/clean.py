@@ -28,10 +28,11 @@ from metatable.timeline.transaction import Content
 log = logging.getLogger(__name__)
 
 
-def clean(context: TableContext) -> str | None:
+def clean(context: TableContext, look_first: bool = False) -> str | None:
     """Run a due clean; when one ran, also sweep what dead processes left (`commit.leftovers.sweep`: staging files,
-    markers, spilled input) if the last sweep is `clean.sweep_every_s` old: the sweep walks the whole table."""
-    run = run_due(context.transactions, service(context))
+    markers, spilled input) if the last sweep is `clean.sweep_every_s` old: the sweep walks the whole table.
+    `look_first`: after a commit, as `lifecycle.run_due` says."""
+    run = run_due(context.transactions, service(context), look_first)
     if run.instant is not None:
         sweep_if_due(context)
     return run.instant.time if run.instant else None

@@ -46,7 +46,7 @@ from metatable.commit.context import TableContext
 from metatable.commit.data_commit import Commit, commit
 from metatable.commit.dual_writes import resize_instant
 from metatable.commit.timeline_view import TimelineView, group_name
-from metatable.errors import ConflictError, InvalidInputError
+from metatable.errors import ConflictError, InvalidInputError, after_the_commit_point
 from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET
 from metatable.file_group.base_file_writer import write_base_file
@@ -331,7 +331,8 @@ def rewrite_and_commit(context: TableContext, instant: Instant, plan: Clustering
                            {"hashing_meta": catch_up.records()} if catch_up else {},
                            sorted({*replaced_groups, *(f.group for f in files)}), catch_up))
     if catch_up:
-        catch_up.remove_adopted()
+        with after_the_commit_point(f"deleting the dual-write logs resize {instant.time} adopted"):
+            catch_up.remove_adopted()
     log.info("clustered %d file groups into %d files (%d rows) at %s in %.2fs", len(plan.file_groups), len(files),
              metadata["rows"], instant.time, time.monotonic() - started)
 

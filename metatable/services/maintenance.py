@@ -44,7 +44,7 @@ def run_due_services(context: TableContext, action: Action, instant: str | None)
         except ConflictError as e:  # writes won over it; the clustering waits for next time, the clean runs now
             log.warning("inline clustering did not complete: %s", e)
     if options["clean.inline"]:
-        clean.clean(context)
+        clean.clean(context, look_first=True)
     archival.archive(context)
 
 

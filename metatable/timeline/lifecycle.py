@@ -30,8 +30,8 @@ R = TypeVar("R")
 @dataclass(frozen=True)
 class Service(Generic[R]):
     action: Action
-    plan: Callable[[], Content | None]  # None or {} when nothing is due; reads only (`run_due` looks first
-    # without the lock, then plans under it)
+    plan: Callable[[], Content | None]  # None or {} when nothing is due; reads only (`run_due` may look
+    # without the lock first, then plans under it)
     execute: Callable[[Instant, Content], R]  # outside the lock; idempotent; commits the instant
 
 
@@ -44,12 +44,13 @@ class Run(Generic[R]):
     running_elsewhere: Instant | None = None
 
 
-def run_due(transactions: Transactions, service: Service[R]) -> Run[R]:
-    """Run the service's pending plan (skip it if another process runs it), or plan and run a new one. A look
-    without the lock first: when nothing is pending and nothing due, the lock is not taken (after every commit,
-    most services find nothing to do; on an object store taking the lock is three requests)."""
+def run_due(transactions: Transactions, service: Service[R], look_first: bool = False) -> Run[R]:
+    """Run the service's pending plan (skip it if another process runs it), or plan and run a new one.
+    `look_first`, for the services that run after every commit: a look without the lock first, and when nothing
+    is pending and nothing due, the lock is not taken (most find nothing to do; on an object store taking the
+    lock is three requests). A service the user asks for takes the lock, and recovers the timeline, at once."""
     timeline = transactions.timeline
-    if not timeline.pending([service.action]) and not service.plan():
+    if look_first and not timeline.pending([service.action]) and not service.plan():
         return Run()
     with transactions.lock.held():
         transactions.recover(resuming=service.action)

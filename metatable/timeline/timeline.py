@@ -17,7 +17,7 @@ import fastavro
 
 from avro_schemas import schema
 
-from metatable.errors import InvalidInputError, TimelineError
+from metatable.errors import InvalidInputError, TimelineError, after_the_commit_point
 from metatable.faults import crash_point
 from metatable.storage.base import Storage, is_temporary
 from metatable.storage.paths import TablePaths
@@ -233,7 +233,8 @@ class Timeline:
     def complete(self, instant: Instant, metadata: dict[str, Any] | None = None) -> Instant:
         """Complete the instant; its heartbeat goes (a roll-forward finished for a dead process leaves none)."""
         done = self.transition(instant, State.COMPLETED, metadata or {})
-        self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
+        with after_the_commit_point(f"deleting the heartbeat of {instant.action.value} {instant.time}"):
+            self._forget_beats(instant)
         return done
 
     def revert(self, instant: Instant) -> Instant:
@@ -242,14 +243,14 @@ class Timeline:
         if current is None or current.state is not State.INFLIGHT:
             raise TimelineError(f"cannot revert {current or instant} to requested: it is not inflight")
         self._delete(current.file_name)
-        self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
+        self._forget_beats(instant)
         return current.to(State.REQUESTED)
 
     def remove(self, instant: Instant) -> None:
         """Delete every state file of an instant, completed state first so it vanishes atomically for readers."""
         for state in (State.COMPLETED, State.INFLIGHT, State.REQUESTED):
             self._delete(instant.to(state).file_name)
-        self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
+        self._forget_beats(instant)
 
     def archive_run(self, run: list[Instant], carry: Carry) -> ArchiveSummary:
         """Move a completed run of instants (the oldest of the active timeline, oldest first) into the archive;
@@ -317,6 +318,9 @@ class Timeline:
         return names
 
     # -- heartbeats -----------------------------------------------------------------------------
+    def _forget_beats(self, instant: Instant) -> None:
+        self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
+
     def heartbeat(self, instant: Instant) -> Heartbeat:
         return Heartbeat(self.storage, self.heartbeat_dir, instant.time, self.heartbeat_interval_s)
 

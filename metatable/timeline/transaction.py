@@ -72,7 +72,7 @@ class Transactions:
     def begin(self, action: Action, plan: Content | None = None, *, time: str | None = None,
               start: bool = True, beat: bool = True) -> Instant:
         """A new instant of `action`, inflight (or only requested when not `start`), made after recovery.
-        `beat`: give it a heartbeat (not for an instant whose liveness another instant's heartbeat tells)."""
+        `beat`: give it a heartbeat (not an attached metadata table's deltacommit: the data instant's tells)."""
         with self.lock.held():
             self.recover()
             instant = self.timeline.request(action, time, plan, self.others(), beat=beat)
@@ -85,13 +85,17 @@ class Transactions:
 
     @contextmanager
     def running(self, instant: Instant) -> Iterator[Instant]:
-        """Keep `instant` beating while the body runs; roll it back if the body raises."""
+        """Keep `instant` beating while the body runs; roll it back if the body raises. The beats stop without
+        deleting the heartbeat: completing the instant, or rolling it back, deletes it (a last beat that lands
+        after that is a leftover the sweep removes, not a request every commit pays)."""
+        heartbeat = self.timeline.heartbeat(instant).start()
         try:
-            with self.timeline.heartbeat(instant):
-                yield instant
+            yield instant
         except BaseException:
+            heartbeat.stop(remove=False)
             self.abort(instant)
             raise
+        heartbeat.stop(remove=False)
 
     def commit(self, instant: Instant, publish: Callable[[], Content] | None = None,
                content: Content | None = None) -> Instant:

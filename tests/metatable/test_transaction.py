@@ -106,15 +106,18 @@ def test_a_scheduled_plan_is_claimed_once(tx):
 
 
 def service(tx, plans, executed, out_dir):
-    """A service whose execution writes a file named by its plan (idempotent) and commits."""
+    """A service whose execution writes a file named by its plan (idempotent) and commits; its planning only
+    reads (`run_due` plans once without the lock, then under it), what is due goes when it is executed."""
     def execute(instant, plan):
+        if plan in plans:
+            plans.remove(plan)
         executed.append(instant.time)
         path = os.path.join(out_dir, f"{plan['name']}-{instant.time}")
         with open(path, "w") as f:
             f.write("done")
         return tx.commit(instant, content={"wrote": path}).time
 
-    return Service(Action.COMPACTION, lambda: plans.pop(0) if plans else None, execute)
+    return Service(Action.COMPACTION, lambda: plans[0] if plans else None, execute)
 
 
 def test_run_due_plans_runs_and_skips(tx, tmp_path):
