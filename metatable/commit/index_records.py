@@ -22,7 +22,6 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from indexes.bloom import FILTER_TYPE, BloomFilter
 from indexes.column_stats import file_column_stats, tombstones
@@ -31,7 +30,7 @@ from indexes.keys import bloom_filter_key, record_index_key
 from metatable.errors import naming_damage
 from metatable.file_group.base_file import PARQUET, BaseFile
 from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.slice_reader import key_column, members
+from metatable.file_group.slice_reader import key_column, members, parquet_file
 from metatable.file_group.written import WrittenFile
 from metatable.formats.data_log import read_data_log
 from metatable.formats.log_file import Entries
@@ -104,7 +103,7 @@ def base_file_records(storage: Storage, paths: TablePaths, config: TableConfig, 
         if f.column_stats:
             out["column_stats"] = pickle.loads(f.column_stats)
         else:
-            with naming_damage(path), pq.ParquetFile(storage.open_input(path), page_checksum_verification=True) as parquet:
+            with naming_damage(path), parquet_file(storage, path) as parquet:
                 present = set(parquet.schema_arrow.names)  # a file written before a column was added lacks it
                 columns = [c for c in config.stats_columns() if c in present]
                 rows = parquet.read(columns=columns)

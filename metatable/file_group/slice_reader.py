@@ -29,18 +29,17 @@ def base_path(paths: TablePaths, fs: FileSlice) -> str | None:
 
 
 def read_base(storage: Storage, path: str, schema: pa.Schema | None = None, columns: Sequence[str] | None = None,
-              known: Collection[str] | None = None, size: int | None = None) -> pa.Table:
+              known: Collection[str] | None = None) -> pa.Table:
     """A base file, read whole (or `columns` of it), its pages' checksums verified: a damaged or missing file
     is an error naming it. Into `schema` when given: only its columns are read; columns the file lacks (added
     since it was written) are nulls, narrower ones are cast up. `ParquetFile.read` skips the dataset layer
     of `pq.read_table` (the 7 base files of SF 0.01: 20.5 -> 15.3 ms warm). `known`: the columns the file
     may hold (default: the schema's; a table whose schema changed: `known_columns`). On an object store the
-    footer is one ranged read (with the size, unless `size` gives it) and the column chunks one more per row
-    group (`pre_buffer` coalesces them)."""
+    footer is one ranged request (`parquet_footer`, cached) and the column chunks one more per row group
+    (`pre_buffer` coalesces them)."""
     with naming_damage(path):
         check_footer(storage, path, known if known is not None else schema.names if schema is not None else None)
-        file = pq.ParquetFile(storage.open_input(path, size), page_checksum_verification=True,
-                              pre_buffer=not storage.local)
+        file = parquet_file(storage, path)
         wanted = schema if schema is None or columns is None else pa.schema([schema.field(c) for c in columns])
         if wanted is None:
             return file.read(columns=columns)
@@ -97,7 +96,21 @@ def _subtree(elements: list[dict], i: int) -> tuple[tuple[int, bool], int]:
 
 def base_metadata(storage: Storage, path: str) -> pq.FileMetaData:
     with naming_damage(path):
-        return pq.read_metadata(storage.open_input(path))
+        return footer_metadata(storage, path)
+
+
+def footer_metadata(storage: Storage, path: str) -> pq.FileMetaData:
+    """pyarrow's view of a base file's footer, made from the footer already read (`parquet_footer`): no request."""
+    raw = parquet_footer(storage, path)[0]
+    return pq.read_metadata(pa.BufferReader(raw + len(raw).to_bytes(4, "little") + b"PAR1"))
+
+
+def parquet_file(storage: Storage, path: str) -> pq.ParquetFile:
+    """A base file for pyarrow's reader, its footer and size known (`parquet_footer`): on an object store only
+    the column chunks are requested, a row group's in one request (`pre_buffer`)."""
+    return pq.ParquetFile(storage.open_input(path, parquet_footer(storage, path)[2]),
+                          metadata=footer_metadata(storage, path), page_checksum_verification=True,
+                          pre_buffer=not storage.local)
 
 
 def log_tables(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice,
@@ -297,8 +310,7 @@ _KEY_COLUMNS: SizedCache[tuple[pa.ChunkedArray, int]] = SizedCache(256 << 20, la
 
 
 def _read_key_column(storage: Storage, path: str) -> tuple[pa.ChunkedArray, int]:
-    with naming_damage(path), pq.ParquetFile(storage.open_input(path), page_checksum_verification=True,
-                                             pre_buffer=not storage.local) as parquet:
+    with naming_damage(path), parquet_file(storage, path) as parquet:
         column = parquet.read(columns=[KEY_COLUMN], use_threads=parquet.metadata.num_row_groups > 1)[KEY_COLUMN]
         leaf = [parquet.schema.column(i).path for i in range(len(parquet.schema))].index(KEY_COLUMN)
         return column, sum(parquet.metadata.row_group(i).column(leaf).total_compressed_size

@@ -136,7 +136,7 @@ class KeyPages:
         found = np.zeros(len(wanted), dtype=bool)
         read = 0
         holding: set[int] = set()
-        with open_parquet(self.storage, self.path) as file:
+        with open_read(self.storage, self.path) as file:
             for page, indices, raw in self._pages(file, self._by_page(wanted, self.nul_free and all(searchable))):
                 read += len(raw)
                 values, start = self._values(raw)
@@ -288,15 +288,22 @@ class OpenFile:
 
 
 @contextlib.contextmanager
-def open_parquet(storage: Storage, path: str) -> Iterator[OpenFile]:
+def open_parquet(storage: Storage, path: str, size: int | None = None) -> Iterator[OpenFile]:
+    """`path`, open for ranged reads; `size` when known saves a request on an object store (`open_read` opens
+    a file whose footer was read)."""
     with naming_damage(path):
-        file = storage.open_input(path)
+        file = storage.open_input(path, size)
         size = file.size()
     try:
         with naming_damage(path):
             yield OpenFile(storage, path, file, size)
     finally:
         file.close()
+
+
+def open_read(storage: Storage, path: str) -> contextlib.AbstractContextManager[OpenFile]:
+    """A file whose footer was read (`parquet_footer`, cached): open with its size known."""
+    return open_parquet(storage, path, parquet_footer(storage, path)[2])
 
 
 def footer_fields(read: Callable[..., R]) -> Callable[..., R]:
@@ -333,11 +340,13 @@ def cached_per_file(maxsize: int) -> Callable[[Callable[[Storage, str], R]], Cal
 
 
 @cached_per_file(maxsize=64)
-def parquet_footer(storage: Storage, path: str) -> tuple[bytes, dict]:
-    """A base file's footer, raw and decoded: `key_pages` and `row_pages.file_pages` both start from it."""
+def parquet_footer(storage: Storage, path: str) -> tuple[bytes, dict, int]:
+    """A base file's footer, raw and decoded, and the file's size: `key_pages` and `row_pages.file_pages` both
+    start from it (on an object store one ranged request, which gives the size too)."""
     with open_parquet(storage, path) as file:
         raw = file.footer()
-    return raw, read_struct(raw, 0, path)[0]
+        size = file.size
+    return raw, read_struct(raw, 0, path)[0], size
 
 
 def _key_chunks(footer: dict) -> tuple[dict, list[dict]] | None:
@@ -368,7 +377,7 @@ def key_page_count(storage: Storage, path: str) -> int | None:
     if found is None:
         return None
     count = 0
-    with open_parquet(storage, path) as file:
+    with open_read(storage, path) as file:
         heads = file.read_many([(min(chunk[5], 16), chunk[4]) for chunk in found[1]])
         for head in heads:
             size = leading_list_size(head)
@@ -398,7 +407,7 @@ def key_pages(storage: Storage, path: str) -> KeyPages | None:
     leaf, chunks = found
     nul_free = any(kv.get(1) == KEYS_NUL_FREE and kv.get(2) == b"true" for kv in footer.get(5, []))
     mins, maxs, offsets, sizes = [], [], [], []
-    with open_parquet(storage, path) as file:
+    with open_read(storage, path) as file:
         indexes = file.read_many([r for chunk in chunks for r in ((chunk[7], chunk[6]), (chunk[5], chunk[4]))])
         for column_raw, offset_raw in zip(indexes[::2], indexes[1::2]):
             column_index, _ = read_struct(column_raw, 0, path)

@@ -22,8 +22,7 @@ import pyarrow.parquet as pq
 
 from metatable.config import THREADS
 from metatable.errors import CorruptFileError
-from metatable.formats.key_pages import (
-    OpenFile, cached_per_file, footer_fields, key_pages, open_parquet, parquet_footer)
+from metatable.formats.key_pages import OpenFile, cached_per_file, footer_fields, key_pages, open_read, parquet_footer
 from metatable.formats.thrift_compact import (
     BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, page_locations, read_struct, struct_spans)
 from metatable.storage.base import Storage
@@ -74,8 +73,8 @@ class FilePages:
 def file_pages(storage: Storage, path: str) -> FilePages | None:
     """The page layout of a base file, or None when it cannot serve row reads (a nested schema, a column
     chunk without an offset index). Cached per file identity (`cached_per_file`)."""
-    raw, footer = parquet_footer(storage, path)
-    with open_parquet(storage, path) as file:
+    raw, footer, _ = parquet_footer(storage, path)
+    with open_read(storage, path) as file:
         spans = struct_spans(raw, 0, 2, path)
         schema = footer.get(2, [])
         if any(element.get(5) for element in schema[1:]):
@@ -103,16 +102,73 @@ def file_pages(storage: Storage, path: str) -> FilePages | None:
 
 def read_rows(wanted: Sequence[tuple[FilePages, np.ndarray]], columns: Sequence[str]) -> list[pa.Table]:
     """For each (file, ascending file rows): those rows of `columns`, each column of all the files decoded
-    from one small Parquet file of the pages that hold them."""
+    from one small Parquet file of the pages that hold them. On an object store every page a file's rows need,
+    of every column, is fetched first in one call (`Storage.read_ranges`: near pages in one request, the others
+    in parallel): read column by column, a `get` of 1,000 keys at SF 0.1 made 296 ranged requests."""
+    fetched = _prefetched(wanted, columns)
     out: list[dict[str, pa.Array]] = [{} for _ in wanted]
     with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-rows") as pool:  # decoding frees the GIL
-        for name, arrays in zip(columns, pool.map(lambda name: _read_column(wanted, name), columns)):
+        for name, arrays in zip(columns, pool.map(lambda name: _read_column(wanted, name, fetched), columns)):
             for i, array in enumerate(arrays):
                 out[i][name] = array
     return [pa.table(arrays) if columns else pa.table({}) for arrays in out]
 
 
-def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> list[pa.Array]:
+@dataclass(frozen=True)
+class ChunkRead:
+    """What reading chosen rows of one column chunk takes: its pages that hold them, and where each row is among
+    those pages' values once decoded."""
+
+    chunk: ChunkPages
+    pages: np.ndarray  # the chosen pages, ascending
+    positions: np.ndarray  # each wanted row's place among the chosen pages' rows
+    rows: int  # rows of the chosen pages
+
+    @property
+    def small_dictionary(self) -> bool:
+        return self.chunk.dictionary is not None and self.chunk.dictionary[1] <= SMALL_DICTIONARY
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """(length, offset) of the chosen pages, and of a small dictionary page (read with them)."""
+        ranges = [(int(self.chunk.sizes[p]), int(self.chunk.offsets[p])) for p in self.pages]
+        return ranges + [self.chunk.dictionary[::-1]] if self.small_dictionary else ranges
+
+
+def chunk_reads(pages: FilePages, rows: np.ndarray, column: int) -> list[ChunkRead]:
+    """The column chunks of `column` that hold some of the (ascending) file `rows`, in row-group order."""
+    out = []
+    for start, row_group in zip(pages.row_starts, pages.row_groups):
+        chunk = row_group[column]
+        mine = rows[(rows >= start) & (rows < start + chunk.rows)] - start
+        if not len(mine):
+            continue
+        page_of = np.searchsorted(chunk.first_rows, mine, side="right") - 1
+        chosen = np.unique(page_of)
+        ends = np.r_[chunk.first_rows[1:], chunk.rows]
+        counts = ends[chosen] - chunk.first_rows[chosen]
+        begins = np.r_[0, np.cumsum(counts)[:-1]]
+        out.append(ChunkRead(chunk, chosen, begins[np.searchsorted(chosen, page_of)] + mine - chunk.first_rows[page_of],
+                             int(counts.sum())))
+    return out
+
+
+def _prefetched(wanted: Sequence[tuple[FilePages, np.ndarray]],
+                columns: Sequence[str]) -> dict[str, dict[tuple[int, int], bytes]]:
+    """path -> (length, offset) -> bytes of every range the read needs, for files on an object store."""
+    out = {}
+    for pages, rows in wanted:
+        if pages.storage.local:
+            continue
+        ranges = {r for name in columns if name in pages.names
+                  for read in chunk_reads(pages, rows, pages.names.index(name)) for r in read.ranges()}
+        with open_read(pages.storage, pages.path) as file:
+            ordered = sorted(ranges, key=lambda r: r[1])
+            out[pages.path] = dict(zip(ordered, file.read_many(ordered)))
+    return out
+
+
+def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str,
+                 fetched: dict[str, dict[tuple[int, int], bytes]]) -> list[pa.Array]:
     variants: dict[bytes, list[tuple]] = {}  # files whose column has another schema element get their own copy
     decoded_rows: dict[bytes, int] = {}  # rows each variant's copy holds so far
     owners: dict[bytes, list[str]] = {}  # the file of each group, to name a damaged one
@@ -126,25 +182,16 @@ def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str) -> l
         groups = variants.setdefault(element, [])
         base = decoded_rows.get(element, 0)
         positions = []
-        with open_parquet(pages.storage, pages.path) as file:
-            for start, row_group in zip(pages.row_starts, pages.row_groups):
-                chunk = row_group[column]
-                mine = rows[(rows >= start) & (rows < start + chunk.rows)] - start
-                if not len(mine):
-                    continue
-                page_of = np.searchsorted(chunk.first_rows, mine, side="right") - 1
-                chosen = np.unique(page_of)
-                ends = np.r_[chunk.first_rows[1:], chunk.rows]
-                counts = ends[chosen] - chunk.first_rows[chosen]
-                begins = np.r_[0, np.cumsum(counts)[:-1]]
-                positions.append(base + begins[np.searchsorted(chosen, page_of)] + mine - chunk.first_rows[page_of])
-                small = chunk.dictionary is not None and chunk.dictionary[1] <= SMALL_DICTIONARY
-                ranges = [(int(chunk.sizes[p]), int(chunk.offsets[p])) for p in chosen]
-                data = file.read_many(ranges + [chunk.dictionary[::-1]] if small else ranges)
-                dictionary = data.pop() if small else _dictionary(file, chunk, data)
-                groups.append((chunk.meta, dictionary, data, int(counts.sum())))
+        with open_read(pages.storage, pages.path) as file:
+            have = fetched.get(pages.path)
+            for read in chunk_reads(pages, rows, column):
+                positions.append(base + read.positions)
+                ranges = read.ranges()
+                data = [have[r] for r in ranges] if have is not None else file.read_many(ranges)
+                dictionary = data.pop() if read.small_dictionary else _dictionary(file, read.chunk, data)
+                groups.append((read.chunk.meta, dictionary, data, read.rows))
                 owners.setdefault(element, []).append(pages.path)
-                base += int(counts.sum())
+                base += read.rows
         decoded_rows[element] = base
         places.append((element, np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)))
     decoded = {}
