@@ -118,6 +118,25 @@ def partition_paths(table: pa.Table, fields: Sequence[str]) -> pa.ChunkedArray:
     return pa.chunked_array([decoded(encoded_partition_paths(table, fields))])
 
 
+def partition_texts(path: str, fields: Sequence[str]) -> dict[str, str | None] | None:
+    """The text of each partition column's value in a Hive-style path (the inverse of
+    `encoded_partition_paths`; None for a null), or None when the path is not one of these fields'."""
+    if path == NON_PARTITIONED:
+        return {} if not fields else None
+    segments = path.split("/")
+    if len(segments) != len(fields):
+        return None
+    out: dict[str, str | None] = {}
+    for name, segment in zip(fields, segments):
+        field, sep, text = segment.partition("=")
+        if field != name or not sep:
+            return None
+        out[name] = None if text == NULL_PARTITION else \
+            text.replace("%5F", "_", 1 if text.startswith("%5F") else 0).replace("%00", "\0") \
+            .replace("%3D", "=").replace("%2F", "/").replace("%25", "%")
+    return out
+
+
 def decoded(strings: pa.Array) -> pa.Array:
     """Plain strings of a maybe dictionary-encoded string array."""
     return strings.dictionary_decode() if pa.types.is_dictionary(strings.type) else strings

@@ -16,7 +16,7 @@ from metatable.errors import InvalidInputError
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import base_metadata, read_slice
 from metatable.formats.data_log import log_row_count
-from metatable.read.scan_filter import Filter, may_match_any, parse_filter, row_mask, spark_condition
+from metatable.read.scan_filter import Filter, may_match_any, parse_filter, partition_ranges, row_mask, spark_condition
 from metatable.spark.dataframes import read_dataframe
 from metatable.spark.session import active_session
 from metatable.table_config import TableConfig
@@ -57,26 +57,30 @@ def scan_plan(context: TableContext, as_of: str | None = None, filter: Any = Non
 
 
 def plan_of(view: TimelineView, filters: Filter) -> ScanPlan:
+    """The view's slices the filter may match: judged by each one's partition values (any slice), then by its
+    base file's column stats (a slice without logs, when the table has column stats)."""
     slices = list(view.file_slices.values())
-    kept = slices
-    if filters and "column_stats" in view.config.metadata_indexes:
-        columns = {c for conjunction in filters for c, _, _ in conjunction}
-        wanted = [column_stats_key(c, fs.partition, fs.base.file_name)
-                  for fs in slices if fs.base and not fs.logs for c in columns]
-        stats = view.metadata.get_many("column_stats", wanted)
+    if not filters:
+        return ScanPlan(slices, filters, len(slices), view.config)
+    config = view.config
+    columns = {c for conjunction in filters for c, _, _ in conjunction}
+    partitions = {fs.partition: partition_ranges(fs.partition, config.schema, config.partition_by) for fs in slices}
+    by_stats = [fs for fs in slices if fs.base and not fs.logs] if "column_stats" in config.metadata_indexes else []
+    stats = view.metadata.get_many("column_stats", [column_stats_key(c, fs.partition, fs.base.file_name)
+                                                    for fs in by_stats for c in columns - set(config.partition_by)])
+    with_stats = {id(fs) for fs in by_stats}
 
-        def possible(fs: FileSlice) -> bool:
-            if not fs.base or fs.logs:
-                return True
-
-            def ranges(column: str) -> tuple[Any, Any] | None:
-                s = stats.get(column_stats_key(column, fs.partition, fs.base.file_name))
-                return None if s is None else (s["min_value"], s["max_value"])
-            return may_match_any(filters, ranges)
-        kept = [fs for fs in slices if possible(fs)]
-    if filters:
-        log.info("read: %d of %d file slices skipped by column stats", len(slices) - len(kept), len(slices))
-    return ScanPlan(kept, filters, len(slices), view.config)
+    def possible(fs: FileSlice) -> bool:
+        def ranges(column: str) -> Any:
+            if column in partitions[fs.partition]:
+                return partitions[fs.partition][column]
+            s = stats.get(column_stats_key(column, fs.partition, fs.base.file_name)) if id(fs) in with_stats else None
+            return None if s is None else (s["min_value"], s["max_value"])
+        return may_match_any(filters, ranges)
+    kept = [fs for fs in slices if possible(fs)]
+    log.info("read: %d of %d file slices skipped by partition values and column stats", len(slices) - len(kept),
+             len(slices))
+    return ScanPlan(kept, filters, len(slices), config)
 
 
 def slice_tables(context: TableContext, plan: ScanPlan, columns: Sequence[str] | None = None,

@@ -1,9 +1,10 @@
 """Read filters: (column, op, value) conjuncts, ANDed, or a list of such conjunctions, ORed (pyarrow's
 disjunctive normal form), and the file skipping they allow.
 
-A file slice is skipped when its base file's column_stats ranges show that every conjunction has a
-conjunct that cannot match any row; slices with log files are never skipped (logs carry no stats). Rows
-of the kept slices are then filtered exactly. Values are coerced to their column's type first, as
+A file slice is skipped when every conjunction has a conjunct that cannot match any of its rows: by its
+partition's values (read off its path, whatever its files: logs included), or by its base file's column_stats
+ranges (a slice with logs only by its partition: logs carry no stats). Rows of the kept slices are then
+filtered exactly. Values are coerced to their column's type first, as
 pyarrow casts them (a date given as "1995-03-01", a decimal column compared with an int): a value that
 does not convert is an error naming the column.
 """
@@ -16,6 +17,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from indexes.arrow_keys import partition_texts
 from indexes.column_stats import stat_value
 
 from metatable.errors import InvalidInputError
@@ -75,13 +77,39 @@ def coerced(column: str, type_: pa.DataType, value: Any) -> Any:
                                 f"{type_}: {e}") from None
 
 
+NULLS = ("nulls only",)  # what `stats(column)` gives for a column holding only nulls: no conjunct matches null
+
+
 def may_match_any(filters: Filter, stats: Any) -> bool:
     """Could some row match: does some conjunction have every conjunct possible in the ranges `stats(column)`
-    gives ((min, max), or None when unknown)?"""
+    gives ((min, max); None when unknown; NULLS when the column holds only nulls)?"""
     for conjunction in filters:
-        if all((r := stats(column)) is None or may_match(op, value, *r) for column, op, value in conjunction):
+        if all((r := stats(column)) is None or (r is not NULLS and may_match(op, value, *r))
+               for column, op, value in conjunction):
             return True
     return not filters
+
+
+_EXACT_PARTITION_TEXT = (pa.types.is_string, pa.types.is_integer, pa.types.is_boolean, pa.types.is_date32)
+
+
+def partition_ranges(partition: str, schema: pa.Schema, partition_by: Sequence[str]) -> dict[str, Any]:
+    """The range of each partition column in a partition (one value, or NULLS), read off its path: what lets a
+    read skip a file slice whatever its files, logs included. Only for types whose path text is exact (a
+    timestamp's text drops its fraction)."""
+    texts = partition_texts(partition, partition_by)
+    out: dict[str, Any] = {}
+    for name, text in (texts or {}).items():
+        type_ = schema.field(name).type
+        if text is None:
+            out[name] = NULLS
+        elif any(is_type(type_) for is_type in _EXACT_PARTITION_TEXT):
+            try:
+                value = text == "true" if pa.types.is_boolean(type_) else pa.scalar(text).cast(type_).as_py()
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                continue
+            out[name] = (value, value)
+    return out
 
 
 def _comparable(v: Any) -> Any:

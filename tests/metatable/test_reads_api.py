@@ -209,3 +209,27 @@ def test_update_refuses_keys_partitions_unknown_columns_and_bad_values(tmp_path)
         with pytest.raises(InvalidInputError, match=words):
             t.update(where=[("id", "==", 1)], set=assignments)
     assert t.timeline() == before
+
+
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+def test_a_filter_on_partition_columns_reads_only_their_slices_logs_or_not(tmp_path, table_type):
+    """Slices are skipped by their partition's values, read off the path: those with logs too (which column
+    stats cannot judge), and a null partition by any condition on its column (a filter never matches null)."""
+    schema = pa.schema([("id", pa.int64()), ("day", pa.date32()), ("n", pa.int32()), ("v", pa.string())])
+    t = mt.Table.create(str(tmp_path / "t"), schema, "id", ["day", "n"], table_type=table_type,
+                        index=mt.IndexConfig(num_buckets=2))
+    days = [dt.date(2024, 1, 1) + dt.timedelta(days=d) for d in range(10)]
+    rows = pa.table({"id": range(100), "day": [days[i % 10] for i in range(100)],
+                     "n": pa.array([None if i % 7 == 0 else i % 3 for i in range(100)], pa.int32()),
+                     "v": ["a"] * 100}, schema=schema)
+    t.upsert(rows)
+    t.upsert(rows.slice(0, 50).set_column(3, "v", pa.array(["b"] * 50)))  # logs in half the file groups (MoR)
+    got = t.to_arrow(filter=[("day", "==", "2024-01-03")])
+    assert sorted(got["id"].to_pylist()) == [i for i in range(100) if i % 10 == 2]
+    assert t.last_scan["skipped"] == t.last_scan["file_slices"] - len(t.scan_plan(filter=[("day", "==", "2024-01-03")]))
+    assert {fs.partition for fs in t.scan_plan(filter=[("day", "==", "2024-01-03")])} == \
+        {p for p in {fs.partition for fs in t.file_slices().values()} if p.startswith("day=2024-01-03/")}
+    assert {fs.partition for fs in t.scan_plan(filter=[("n", ">=", 0)])} == \
+        {p for p in {fs.partition for fs in t.file_slices().values()} if not p.endswith("n=__null__")}
+    assert sorted(t.to_arrow(filter=[[("n", "==", 1)], [("day", "in", ["2024-01-01"])]])["id"].to_pylist()) == \
+        sorted(i for i in range(100) if (i % 7 and i % 3 == 1) or i % 10 == 0)
