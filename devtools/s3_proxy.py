@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 HOST = "127.0.0.1"
 SLOW_DOWN = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n"
              b"Connection: keep-alive\r\n\r\n%s")
-SLOW_DOWN_BODY = b"<?xml version=\"1.0\"?><Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>"
+SLOW_DOWN_BODY = (b"<?xml version=\"1.0\"?><Error><Code>SlowDown</Code><Message>Reduce your request rate."
+                  b"</Message></Error>")
 
 
 @dataclass

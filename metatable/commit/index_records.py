@@ -109,7 +109,8 @@ def base_file_records(storage: Storage, paths: TablePaths, config: TableConfig, 
                 rows = parquet.read(columns=columns)
                 out["column_stats"] = file_column_stats(rows, columns, f.partition, f.file_name, parquet.metadata)
     if "bloom_filter" in partitions:
-        bloom = f.bloom_filter or BloomFilter.build(key_column(storage, path)[0], config.options["index.bloom.fpp"]).to_bytes()
+        bloom = f.bloom_filter or BloomFilter.build(key_column(storage, path)[0],
+                                                    config.options["index.bloom.fpp"]).to_bytes()
         out["bloom_filter"] = {bloom_filter_key(f.partition, f.file_name): {
             "file_name": f.file_name, "filter_type": FILTER_TYPE, "instant": BaseFile.parse(f.file_name).instant,
             "bloom_filter": bloom, "is_deleted": False}}

@@ -154,7 +154,8 @@ class KeyPages:
                         holding.add(page)
         return found, holding, read
 
-    def _pages(self, file: OpenFile, by_page: Iterator[tuple[int, np.ndarray]]) -> Iterator[tuple[int, np.ndarray, bytes]]:
+    def _pages(self, file: OpenFile,
+               by_page: Iterator[tuple[int, np.ndarray]]) -> Iterator[tuple[int, np.ndarray, bytes]]:
         """Each candidate page with its bytes, read PAGES_A_READ at a time (one request on an object store,
         where they lie close together)."""
         while chunk := list(itertools.islice(by_page, PAGES_A_READ)):

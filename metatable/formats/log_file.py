@@ -267,7 +267,8 @@ class LogCache:
 
     def __init__(self, storage: Storage, budget: int = LOG_CACHE_BYTES) -> None:
         self.storage = storage
-        self._blocks: SizedCache[LogBlock] = SizedCache(budget, lambda b: b.entries.keys.nbytes + b.entries.values.nbytes)
+        self._blocks: SizedCache[LogBlock] = SizedCache(budget, lambda b: b.entries.keys.nbytes +
+                                                        b.entries.values.nbytes)
 
     def read(self, path: str) -> LogBlock:
         with naming_damage(path, metadata=True):

@@ -33,7 +33,7 @@ def read_dataframe(spark, storage: Storage, paths: TablePaths, config: TableConf
     plain_ones = [s for s in slices if s.base and (read_optimized or not s.logs)] if storage.local else []
     plain = [base_path(paths, s) for s in plain_ones]
     chosen = {id(s) for s in plain_ones}
-    merged = [s for s in slices if id(s) not in chosen and (s.base or s.logs)]  # read by Python tasks
+    merged = [s for s in slices if id(s) not in chosen and (s.base or (s.logs and not read_optimized))]  # by tasks
     frames = []
     if plain:
         frames.append(spark.read.schema(to_spark_schema(config.storage_schema)).parquet(*plain).select(*names))

@@ -232,8 +232,9 @@ class ObjectStorage:
         """(the store for every request, the store for create-if-absent, which obstore must not retry)."""
         with self._mutex:
             if self._stores is None:
-                if not {"access_key_id", "secret_access_key"} <= set(self.options) and \
-                        not _true(self.options.get("instance_metadata")) and not _true(self.options.get("skip_signature")):
+                keys = {"access_key_id", "secret_access_key"} <= set(self.options)
+                if not (keys or _true(self.options.get("instance_metadata")) or
+                        _true(self.options.get("skip_signature"))):
                     raise ConfigError(
                         f"no credentials for s3://{self.bucket}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
                         "storage_options access_key_id and secret_access_key); on EC2, storage option "

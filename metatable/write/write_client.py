@@ -307,7 +307,8 @@ class WriteClient:
         if is_dataframe(data):
             tally = partition_counts(data, cols)
         elif isinstance(data, WriteStream):
-            tally = data.partition_counts(cols, self.context.storage.scratch(self.context.paths.spooled_input(instant)))
+            spool = self.context.storage.scratch(self.context.paths.spooled_input(instant))
+            tally = data.partition_counts(cols, spool)
         elif cols:
             tally = data.group_by(cols).aggregate([([], "count_all")]).rename_columns([*cols, "count"])
         else:

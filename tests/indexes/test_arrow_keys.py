@@ -107,7 +107,8 @@ def test_encoded_partition_paths_of_many_distinct_fields_do_not_overflow():
                 min_size=1, max_size=20))
 def test_partition_texts_read_back_what_the_paths_encode(rows):
     """Every value's text, escapes and the null marker included, from the path alone."""
-    table = pa.table({"a": pa.array([r[0] for r in rows], pa.string()), "b": pa.array([r[1] for r in rows], pa.int64())})
+    table = pa.table({"a": pa.array([r[0] for r in rows], pa.string()),
+                      "b": pa.array([r[1] for r in rows], pa.int64())})
     table = table.filter(pa.array([not (r[0] is not None and len(r[0].encode()) > 200) for r in rows]))
     for path, a, b in zip(partition_paths(table, ["a", "b"]).to_pylist(), table["a"].to_pylist(),
                           table["b"].to_pylist()):
@@ -117,4 +118,5 @@ def test_partition_texts_read_back_what_the_paths_encode(rows):
 def test_partition_texts_of_other_paths():
     assert partition_texts(".", []) == {} and partition_texts(".", ["a"]) is None
     assert partition_texts("a=1/b=2", ["a"]) is None and partition_texts("x=1", ["a"]) is None
-    assert partition_texts("a=%5F_null__", ["a"]) == {"a": "__null__"} and partition_texts("a=__null__", ["a"]) == {"a": None}
+    assert partition_texts("a=%5F_null__", ["a"]) == {"a": "__null__"}
+    assert partition_texts("a=__null__", ["a"]) == {"a": None}

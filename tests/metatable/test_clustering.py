@@ -345,7 +345,8 @@ def test_writers_keep_writing_while_another_process_clusters(lake, tmp_path, tab
     root = lake / "t"
     options = {**SMALL, "clustering.updates": updates, "clean.inline": True, "clean.retain_commits": 4,
                "heartbeat.interval_s": 0.5}
-    mt.Table.create(root, SCHEMA, "id", "p", "ts", table_type=table_type, index=mt.IndexConfig(type=index, num_buckets=2),
+    mt.Table.create(root, SCHEMA, "id", "p", "ts", table_type=table_type,
+                    index=mt.IndexConfig(type=index, num_buckets=2),
                     metadata_indexes=["column_stats", "bloom_filter"], options=options)
     deadline = time.time() + 20
     journals = [str(tmp_path / f"journal-{i}") for i in range(3)]

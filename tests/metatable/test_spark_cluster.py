@@ -126,7 +126,8 @@ def test_the_pipeline_on_a_standalone_cluster_equals_local_mode_and_the_expected
     assert steps["read"] == expected.num_rows and steps["cluster"] and steps["index"] == 1
     assert steps["bloom_upsert"] == [inserted, updated] and steps["bloom_delete"] == 1000
     assert steps["resize"] and steps["ring_delete"] == 1000
-    for root in ("cluster", "cluster-bloom", "cluster-ch", *([] if lake.remote else ["local", "local-bloom", "local-ch"])):
+    local = [] if lake.remote else ["local", "local-bloom", "local-ch"]
+    for root in ("cluster", "cluster-bloom", "cluster-ch", *local):
         got = table_rows(lake / root)
         assert got.equals(expected.select(got.column_names).cast(got.schema)), root
 
