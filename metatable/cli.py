@@ -35,6 +35,7 @@ log = logging.getLogger("metatable.cli")
 
 
 MDT_PARTITION_HELP = "metadata partition (files, bloom_filter, column_stats, hashing_meta, record_index)"
+AS_OF_HELP = "the snapshot as of a moment: an instant time, or an ISO-8601 time (UTC unless it has an offset)"
 
 
 def _json_default(value: Any) -> Any:
@@ -529,12 +530,18 @@ def key_values(table: Table, texts: Sequence[str]) -> pa.Table:
 
 def cmd_get(args: argparse.Namespace) -> None:
     table = Table.open(args.path)
-    print_rows(table.get(key_values(table, args.keys)), args.output)
+    print_rows(table.get(key_values(table, args.keys), as_of=args.as_of), args.output)
+
+
+def cmd_changes(args: argparse.Namespace) -> None:
+    result = Table.open(args.path).changes(args.since, args.until)
+    print_rows(result.slice(0, args.limit) if args.limit else result, args.output)
+    print(f"({result.num_rows} change records)", file=sys.stderr)
 
 
 def cmd_lookup(args: argparse.Namespace) -> None:
     table = Table.open(args.path)
-    result, report = table.lookup(key_values(table, args.keys), explain=True, using=args.using)
+    result, report = table.lookup(key_values(table, args.keys), explain=True, using=args.using, as_of=args.as_of)
     print_rows(result, "table")
     if args.explain:
         print(f"\nindex: {report['index']}")
@@ -605,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="the table's directory")
     p.add_argument("--limit", type=int, default=20, help="rows to print (0: all)")
     p.add_argument("--output", default="table", choices=["table", "json", "csv"], help="how to print rows")
-    p.add_argument("--as-of", help="read as of this completed instant")
+    p.add_argument("--as-of", help=AS_OF_HELP)
     p.add_argument("--read-optimized", action="store_true", help="base files only (skip unmerged logs)")
     p.set_defaults(func=cmd_read)
     for name, func, text in (("compact", cmd_compact, "compact merge-on-read file groups that have logs"),
@@ -704,13 +711,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true", help="per-level candidate counts")
     p.add_argument("--using", default="index", choices=["index", "metadata"],
                    help="the table's write index, or the three-level metadata lookup")
+    p.add_argument("--as-of", help="where they lived: " + AS_OF_HELP)
     p.set_defaults(func=cmd_lookup)
 
     p = sub.add_parser("get", parents=[verbose], help="the rows of keys, read through the index (record key values as for lookup)")
     p.add_argument("path", help="the table's directory")
     p.add_argument("keys", nargs="+", help="record key values")
     p.add_argument("--output", default="table", choices=["table", "json", "csv"], help="how to print rows")
+    p.add_argument("--as-of", help=AS_OF_HELP)
     p.set_defaults(func=cmd_get)
+
+    p = sub.add_parser("changes", parents=[verbose],
+                       help="what the writes committed after --since (up to --until) changed: change records")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("--since", required=True, help="exclusive: an instant time or an ISO-8601 time")
+    p.add_argument("--until", help="inclusive (default: the latest commit that no running write precedes)")
+    p.add_argument("--limit", type=int, default=0, help="rows to print (0: all)")
+    p.add_argument("--output", default="table", choices=["table", "json", "csv"], help="how to print rows")
+    p.set_defaults(func=cmd_changes)
 
     p = sub.add_parser("demo", parents=[verbose], help="the main job: a metatable session on local files")
     p.add_argument("--workdir", default="demo-data", help="where the TPC-H data and the demo tables go")

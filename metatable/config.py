@@ -113,7 +113,12 @@ OPTIONS: dict[str, Option] = {
                "`Table.run_compaction`), so writers never spend the time; 'off' does neither",
                choices=("inline", "schedule", "off")),
         Option("clean.retain_commits", int, 10,
-               "clean keeps every file slice that the last N completed commits can read", minimum=1),
+               "clean keeps every file slice that the last N completed commits can read: how far back time travel "
+               "(`as_of`) and change records (`changes`) reach; what it costs is the slices superseded in those "
+               "commits (docs/design-notes.md, \"Reading through time\")", minimum=1),
+        Option("clean.retain_hours", float, 0.0,
+               "... and every file slice that commits completed in the last N hours can read (0: by count only): "
+               "a change feed whose readers may stop for a day keeps 24", minimum=0.0),
         Option("clean.inline", bool, True, "clean after each commit"),
         Option("clean.sweep_every_s", float, 3600.0,
                "a clean also sweeps what dead processes left (staging files, markers, orphaned data files) when "

@@ -4,6 +4,15 @@
   input partition per file slice, after the filters Spark pushes down (`==`, `!=`, `<`, `<=`, `>`, `>=`,
   `IN` on a column) have skipped the slices column stats rule out. Pushed filters are applied to the rows
   too, so Spark need not apply them again.
+- With option `start` (and `end`), it reads change records instead (`Table.changes`): one input partition
+  per partition path the window's writes wrote. `start` "earliest": since before the first commit.
+- `spark.readStream.format("metatable").load(path)` is a stream whose offsets are instants: each micro-batch
+  reads the changes of `(previous offset, latest settled instant]` (`changes.settled_end`: no running write
+  precedes it, so a batch replayed after a crash reads the same). Its first batch is the snapshot; then each
+  batch holds the rows that inserts and updates left, in the table's columns (deletes are not rows of it: an
+  upsert sink or an append sink takes it as it is). With option `start` (a time, or "earliest": the snapshot
+  first) the stream is change records, with the change columns, deletes and pre-images. With `StreamSink`
+  (whose commits carry the batch id) a query is exactly-once through its checkpoint.
 - `df.write.format("metatable").option("operation", "upsert").mode("append").save(path)` writes through
   `Table`'s own write path and commit protocol: each Spark task stages its rows (Arrow IPC) under
   `.metatable/spill/` (in the bucket, for a table on an object store), and the driver's commit streams them
@@ -29,8 +38,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader, EqualTo, Filter,
-                                    GreaterThan, GreaterThanOrEqual, In, InputPartition, LessThan,
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader, DataSourceStreamReader,
+                                    EqualTo, Filter, GreaterThan, GreaterThanOrEqual, In, InputPartition, LessThan,
                                     LessThanOrEqual, Not, WriterCommitMessage)
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
@@ -40,6 +49,8 @@ from metatable.faults import crash_point
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import read_slice
 from metatable.read import reads
+from metatable.read.changes import (CHANGE_COLUMNS, CHANGE_TYPE, INSERT, POSTIMAGE, as_inserts, change_units,
+                                   read_changes, settled_end, window)
 from metatable.read.scan_filter import Conjunct, row_mask
 from metatable.spark.executors import ship_packages
 from metatable.spark.session import spark_session as local_session, to_spark_schema
@@ -48,13 +59,14 @@ from metatable.storage.location import storage_for, table_root
 from metatable.storage.paths import TablePaths
 from metatable.table import Table
 from metatable.table_config import IndexConfig
+from metatable.timeline.instant import BOOTSTRAP_TIME, moment_time
 from metatable.write.change_feed import DELETE_VALUES
 from metatable.write.write_client import Txn
 
 log = logging.getLogger(__name__)
 
 NEW_TABLE_OPTIONS = {"record_key", "partition_by", "ordering_field", "table_type", "index", "num_buckets"}
-READ_OPTIONS = {"path", "as_of", "read_optimized", *NEW_TABLE_OPTIONS}
+READ_OPTIONS = {"path", "as_of", "read_optimized", "start", "end", *NEW_TABLE_OPTIONS}
 WRITE_OPTIONS = {"path", "operation", "schema_mode", *NEW_TABLE_OPTIONS}
 STORAGE_PREFIX = "storage."  # options that are the table's storage_options
 NOT_IN_CATALOG = (
@@ -64,6 +76,7 @@ NOT_IN_CATALOG = (
     "OPTIONS (path '...') over an existing table, or CREATE TEMPORARY VIEW t (columns) USING metatable OPTIONS "
     "(path '...', record_key '...') to create one")
 OPERATIONS = ("upsert", "insert", "delete", "bulk_insert")
+LEFT_BY_WRITES = pa.array([INSERT, POSTIMAGE])  # the change records a stream of rows keeps
 _COMPARISONS = {EqualTo: "==", GreaterThan: ">", GreaterThanOrEqual: ">=", LessThan: "<", LessThanOrEqual: "<="}
 
 
@@ -93,10 +106,21 @@ class MetatableDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         table = self._table(READ_OPTIONS, declared=schema)
+        if "start" in self.options:
+            return ChangesReader(table, start_time(self.options["start"]), self.options.get("end"),
+                                 self._snapshot_schema(table))
         return SnapshotReader(table.path, table.storage, dict(self.options), self._snapshot_schema(table))
 
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        table = self._table(READ_OPTIONS - {"as_of", "read_optimized", "end"})
+        start = start_time(self.options.get("start", "earliest"))
+        return ChangeStream(table.path, table.storage, start, self._snapshot_schema(table))
+
     def _snapshot_schema(self, table: Table) -> pa.Schema:
-        """The columns of the snapshot read: the table's now, or as of option `as_of`."""
+        """The columns of the snapshot read: the table's now, or as of option `as_of`; of change records (option
+        `start`), the table's now and the change columns."""
+        if "start" in self.options:
+            return pa.schema(list(table.schema) + list(CHANGE_COLUMNS))
         return table.context.view(self.options.get("as_of")).config.schema
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
@@ -196,6 +220,98 @@ class SnapshotReader(DataSourceReader):
         if self.filters:
             rows = rows.filter(row_mask(rows, [self.filters]))  # the pushed conjuncts, ANDed
         yield from rows.to_batches()
+
+
+@dataclass(frozen=True)
+class ChangesPartition(InputPartition):
+    start: str
+    end: str
+    partitions: frozenset[str] | None  # the partition paths of its share (None: all)
+
+
+class ChangesReader(DataSourceReader):
+    """A read of change records: the window is fixed when the read is planned (its end resolved), and each
+    task reads the records of its partition paths (`changes.change_units`)."""
+
+    def __init__(self, table: Table, start: str, end: str | None, schema: pa.Schema) -> None:
+        self.path = table.path
+        self.storage = table.storage
+        self.schema = schema
+        self.units = planned_changes(table, start, end)
+
+    def partitions(self) -> list[ChangesPartition]:
+        return self.units or [ChangesPartition(BOOTSTRAP_TIME, BOOTSTRAP_TIME, frozenset())]
+
+    def read(self, partition: ChangesPartition) -> Iterator[pa.RecordBatch]:
+        yield from read_share(self.path, self.storage, partition, self.schema)
+
+
+def start_time(start: str) -> str:
+    """Option `start`: a moment (`instant.moment_time`), or "earliest", before the first commit."""
+    return BOOTSTRAP_TIME if start == "earliest" else moment_time(start)
+
+
+def planned_changes(table: Table, start: str, end: str | None) -> list[ChangesPartition]:
+    """The shares of the window `(start, end]` (`end`: the settled one), each a Spark task's."""
+    view = table.context.view()
+    w = window(view, start, end)
+    return [ChangesPartition(w.start, w.end, unit) for unit in change_units(view, w)]
+
+
+def read_share(path: str, storage: Storage, share: ChangesPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    if share.partitions == frozenset():
+        return
+    table = Table.open(path, storage=storage)
+    rows = read_changes(table.context, table.metadata_index, share.start, share.end, partitions=share.partitions)
+    yield from rows.select(schema.names).cast(schema).to_batches()
+
+
+@dataclass(frozen=True)
+class SnapshotSlice(InputPartition):
+    file_slice: FileSlice
+    instant: str
+
+
+class ChangeStream(DataSourceStreamReader):
+    """A table as a stream; offsets are `{"instant": time}`, the first one `start` (the beginning: the first
+    batch is then the snapshot as of its end, every row an insert). A schema with the change columns streams
+    change records; one without, the rows inserts and updates left (deletes and pre-images left out)."""
+
+    def __init__(self, path: str, storage: Storage, start: str, schema: pa.Schema) -> None:
+        self.path = path
+        self.storage = storage
+        self.start = start
+        self.schema = schema
+
+    def initialOffset(self) -> dict:
+        return {"instant": self.start}
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        view = Table.open(self.path, storage=self.storage).context.view()
+        latest = settled_end(view) or BOOTSTRAP_TIME
+        return {"instant": max(latest, (start or {}).get("instant", BOOTSTRAP_TIME))}
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        first, last = start["instant"], end["instant"]
+        if last <= first:
+            return []
+        table = Table.open(self.path, storage=self.storage)
+        if first == BOOTSTRAP_TIME:
+            slices = table.context.view(last).file_slices.values()
+            return [SnapshotSlice(fs, last) for fs in slices]
+        return planned_changes(table, first, last)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        records = CHANGE_TYPE in self.schema.names
+        columns = [n for n in self.schema.names if n not in CHANGE_COLUMNS.names]
+        if isinstance(partition, ChangesPartition):
+            schema = self.schema if records else pa.schema(list(self.schema) + list(CHANGE_COLUMNS))
+            for batch in read_share(self.path, self.storage, partition, schema):
+                yield batch if records else batch.filter(pc.is_in(batch[CHANGE_TYPE], LEFT_BY_WRITES)).select(columns)
+            return
+        table = Table.open(self.path, storage=self.storage)
+        rows = read_slice(table.storage, table.context.paths, table.config, partition.file_slice).select(columns)
+        yield from (as_inserts(rows, partition.instant) if records else rows).cast(self.schema).to_batches()
 
 
 def to_conjunct(f: Filter) -> Conjunct | None:

@@ -20,6 +20,7 @@ from metatable.errors import (
     storage_errors)
 from metatable.file_group.file_slice import FileSlice
 from metatable.read import reads
+from metatable.read.changes import read_changes
 from metatable.read.key_lookup import get_rows, keys_table, locate
 from metatable.read.locator import MetadataIndex
 from metatable.read.scan import Scan
@@ -29,7 +30,7 @@ from metatable.services.rebuild import RebuildReport
 from metatable.storage.base import Storage
 from metatable.storage.location import storage_for
 from metatable.table_config import IndexConfig, TableConfig, as_tuple, normalize_schema
-from metatable.timeline.instant import Action, Instant
+from metatable.timeline.instant import Action, Instant, Moment
 from metatable.write.change_feed import DELETE_VALUES, flagged
 from metatable.write.conditional_merge import MergeClauses
 from metatable.write.write_client import Txn, WriteClient, WriteResult
@@ -256,24 +257,27 @@ class Table:
     def partitions(self) -> list[str]:
         return self.context.view().partitions
 
-    def file_slices(self, as_of: str | None = None) -> dict[tuple[str, str], FileSlice]:
+    def file_slices(self, as_of: Moment | None = None) -> dict[tuple[str, str], FileSlice]:
         """The latest file slice of every file group, as of the latest (or the given) completed instant."""
         return self.context.view(as_of).file_slices
 
     # -- reads --------------------------------------------------------------------------------------
-    def scan_plan(self, as_of: str | None = None, filter: Any = None) -> list[FileSlice]:
+    def scan_plan(self, as_of: Moment | None = None, filter: Any = None) -> list[FileSlice]:
         """The file slices a read needs: all of them, less those whose column stats rule the filter out.
         How many were skipped is logged and kept in `last_scan`."""
         return self._plan(as_of, filter).slices
 
-    def to_arrow(self, as_of: str | None = None, read_optimized: bool = False, filter: Any = None,
+    def to_arrow(self, as_of: Moment | None = None, read_optimized: bool = False, filter: Any = None,
                  columns: Sequence[str] | None = None) -> pa.Table:
         """The snapshot as a pyarrow Table, without Spark. `filter`: [(column, op, value), ...], all must hold,
         or a list of such lists, one of which must (ops ==, !=, <, <=, >, >=, in; values are converted to the
-        column's type, so a date may be "2024-01-31"). `columns`: only these, in this order."""
+        column's type, so a date may be "2024-01-31"). `columns`: only these, in this order. `as_of`: the snapshot
+        of the latest completed write at or before a moment: an instant time, an ISO-8601 time ("2026-11-26",
+        "2026-11-26T10:00:00+01:00"; without an offset: UTC) or a `datetime` (naive: UTC). A moment before the
+        first commit, or whose files a clean removed, is a SnapshotExpiredError naming the readable times."""
         return reads.to_arrow(self.context, self._plan(as_of, filter), read_optimized, columns)
 
-    def to_batches(self, columns: Sequence[str] | None = None, filter: Any = None, as_of: str | None = None,
+    def to_batches(self, columns: Sequence[str] | None = None, filter: Any = None, as_of: Moment | None = None,
                    read_optimized: bool = False) -> pa.RecordBatchReader:
         """The snapshot as a stream of record batches, read one file slice at a time as it is consumed (memory
         holds a slice, not the table). DuckDB scans it lazily (`duckdb.sql("select ... from reader")`); Polars
@@ -281,7 +285,7 @@ class Table:
         when this is called."""
         return self.scan(columns, filter, as_of, read_optimized).to_batches()
 
-    def scan(self, columns: Sequence[str] | None = None, filter: Any = None, as_of: str | None = None,
+    def scan(self, columns: Sequence[str] | None = None, filter: Any = None, as_of: Moment | None = None,
              read_optimized: bool = False) -> Scan:
         """The snapshot read for another engine to run lazily (`read.scan`): DuckDB takes it as it is
         (`duckdb.sql("select ... from s")`), Polars as a LazyFrame whose projection and limit reach the read
@@ -289,33 +293,45 @@ class Table:
         slices are fixed when this is called."""
         return Scan(self.context, self._plan(as_of, filter), columns, read_optimized)
 
-    def read(self, as_of: str | None = None, read_optimized: bool = False, spark: Any = None,
+    def read(self, as_of: Moment | None = None, read_optimized: bool = False, spark: Any = None,
              filter: Any = None, columns: Sequence[str] | None = None) -> Any:
         """The snapshot as a Spark DataFrame (base files merged with their logs, unless `read_optimized`)."""
         return reads.to_dataframe(self.context, self._plan(as_of, filter), read_optimized, spark, columns)
 
-    def _plan(self, as_of: str | None, filter: Any) -> reads.ScanPlan:
+    def changes(self, start: Moment, end: Moment | None = None, columns: Sequence[str] | None = None,
+                filter: Any = None) -> pa.Table:
+        """What the writes committed in `(start, end]` changed, as change records (`read.changes`): one per
+        record whose row differs between the snapshots as of `start` and `end`, `_change_type` insert, delete,
+        or update_preimage then update_postimage, with `_commit_instant` (the last write in the window that
+        wrote it) and `_commit_seq`. `start`, `end` as `as_of` takes (`end`: the latest commit that no running
+        write precedes). Compactions, clusterings and resizes change nothing. `columns`, `filter` as for
+        `to_arrow` (the filter is applied to each change record). A start older than what clean kept is a
+        SnapshotExpiredError that names the earliest."""
+        return read_changes(self.context, self.metadata_index, start, end, columns, filter)
+
+    def _plan(self, as_of: Moment | None, filter: Any) -> reads.ScanPlan:
         plan = reads.scan_plan(self.context, as_of, filter)
         self.last_scan = plan.report
         return plan
 
-    def lookup(self, keys: Any, explain: bool = False, using: str = "index") -> Any:
+    def lookup(self, keys: Any, explain: bool = False, using: str = "index", as_of: Moment | None = None) -> Any:
         """Where each key lives: a pyarrow Table (key, partition, file_id; nulls when absent). `keys` has the
         record key columns, and optionally the partition columns (without them every partition is searched).
         `using="metadata"` takes the three-level path (column_stats ranges, bloom filters, file check)
-        whatever the write index. With `explain`, returns (result, per-level counts)."""
+        whatever the write index. `as_of` as for `to_arrow`: where the keys lived then. With `explain`,
+        returns (result, per-level counts)."""
         if using not in ("index", "metadata"):
             raise InvalidInputError(f"lookup using must be 'index' or 'metadata', got {using!r}")
         data = keys_table(keys)
         result, report = self.context.read_view(
-            lambda view: locate(self.context, self.metadata_index, data, using == "metadata", view))
+            lambda view: locate(self.context, self.metadata_index, data, using == "metadata", view), as_of)
         return (result, report.as_dict()) if explain else result
 
-    def get(self, keys: Any) -> pa.Table:
+    def get(self, keys: Any, as_of: Moment | None = None) -> pa.Table:
         """The full rows of the keys that exist, found through the table's index: only the file slices that
-        hold them are read. `keys` as for `lookup`."""
+        hold them are read. `keys` as for `lookup`; `as_of` as for `to_arrow`."""
         data = keys_table(keys)
-        return self.context.read_view(lambda view: get_rows(self.context, self.metadata_index, data, view))
+        return self.context.read_view(lambda view: get_rows(self.context, self.metadata_index, data, view), as_of)
 
     # -- table services -----------------------------------------------------------------------------
     @writes
@@ -430,7 +446,7 @@ class Table:
         indexes)."""
         self._open(self.path, self.storage)
 
-    def stats(self, as_of: str | None = None) -> list[dict[str, Any]]:
+    def stats(self, as_of: Moment | None = None) -> list[dict[str, Any]]:
         """Per file group: rows, bytes and pending logs of its latest slice (as of a completed instant)."""
         return reads.file_group_stats(self.context, as_of)
 

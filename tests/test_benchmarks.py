@@ -28,6 +28,7 @@ BENCHMARKS = [
     ("resize.py", ["--scale-factor", SF, "--target-mb", "0.5"]),
     ("indexer.py", ["--scale-factor", SF]),
     ("upsert.py", ["--scale-factor", SF, "--buckets", "2", "--only", "metatable,delta", "--indexes", "bucket"]),
+    ("changes.py", ["--scale-factors", SF]),
     ("long_life.py", ["--commits", "120", "--every", "60", "--rows", "2000"]),  # archives: 60 instants by default
     ("long_life.py", ["--stream-seconds", "20", "--every-seconds", "10", "--rows", "2000"]),
 ]

@@ -23,7 +23,7 @@ from metatable.storage.base import Storage, read_json, write_json
 from metatable.storage.location import storage_for, table_root
 from metatable.storage.paths import TablePaths
 from metatable.table_config import READY, TableConfig
-from metatable.timeline.instant import WRITE_ACTIONS, Action, Instant
+from metatable.timeline.instant import WRITE_ACTIONS, Action, Instant, Moment
 from metatable.timeline.lock import table_lock
 from metatable.timeline.timeline import Timeline
 from metatable.timeline.transaction import Transactions
@@ -52,11 +52,11 @@ class TableContext:
     def root(self) -> str:
         return self.paths.root
 
-    def view(self, as_of: str | None = None) -> TimelineView:
+    def view(self, as_of: Moment | None = None) -> TimelineView:
         """What a reader sees now (or as of a completed instant), with the index states of now."""
         return TimelineView(self.timeline, self.metadata, self.config_now(), as_of)
 
-    def read_view(self, read: Callable[[TimelineView], R], as_of: str | None = None) -> R:
+    def read_view(self, read: Callable[[TimelineView], R], as_of: Moment | None = None) -> R:
         """`read(view)` on a new snapshot. Should a metadata index that the snapshot had ready be dropped while
         it read (a drop changes the states first, then deletes the files), what it read of the index may be
         gone or missing: the read runs once more on a snapshot without that index, instead of answering from

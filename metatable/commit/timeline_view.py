@@ -16,13 +16,13 @@ from indexes.bucket import INITIAL_GENERATION, BucketAssigner, BucketLayout
 from indexes.consistent_hashing import ConsistentHashingAssigner, Ring, RingPlan
 from indexes.keys import ALL_PARTITIONS_KEY
 
-from metatable.errors import InvalidInputError, SnapshotExpiredError
+from metatable.errors import SnapshotExpiredError
 from metatable.file_group.base_file import PARQUET
 from metatable.file_group.file_slice import FileSlice, by_completion, latest_slice, parse_names
 from metatable.formats.clustering_plan import ClusteringPlan, busy_file_groups
 from metatable.metadata.table import MetadataTable
 from metatable.table_config import IndexConfig, TableConfig
-from metatable.timeline.instant import BOOTSTRAP_TIME, DATA_ACTIONS, Action, Instant
+from metatable.timeline.instant import BOOTSTRAP_TIME, DATA_ACTIONS, Action, Instant, Moment, moment_time
 from metatable.timeline.timeline import Timeline
 
 
@@ -46,7 +46,7 @@ class TimelineView:
     snapshots."""
 
     def __init__(self, timeline: Timeline, metadata: MetadataTable, config: TableConfig,
-                 as_of: str | None = None) -> None:
+                 as_of: Moment | None = None) -> None:
         if not set(config.maintained) <= set(metadata.partitions):  # an index built since this table opened
             metadata.reload_partitions()
         metadata.refresh()
@@ -60,13 +60,8 @@ class TimelineView:
         self.completed = [i for i in self.instants if i.is_completed and i.action in DATA_ACTIONS
                           and (snapshot is None or snapshot.valid(i.time))]
         self.completed_times = frozenset(i.time for i in self.completed)
-        if as_of is not None and not self.is_completed(as_of):
-            raise InvalidInputError(f"cannot read as of {as_of}: not a completed instant of {timeline.root}")
-        if as_of is not None and as_of < self.readable_from:
-            raise SnapshotExpiredError(
-                f"cannot read {timeline.root} as of {as_of}: a clean removed files of that snapshot; snapshots as "
-                f"of {self.readable_from} or later are readable (the latest is {self.latest}). "
-                "clean.retain_commits sets how many commits stay readable")
+        if as_of is not None:
+            as_of = self.resolve(as_of)
         self.as_of = as_of
         self.config = config.as_seen(self.visible)  # the schema of this snapshot (`schema_history`)
 
@@ -78,6 +73,35 @@ class TimelineView:
             return False
         found = self.timeline.archive.find(time)
         return found is not None and found.action in DATA_ACTIONS
+
+    def resolve(self, moment: Moment) -> str:
+        """The latest completed data instant at or before a moment (an instant time, an ISO-8601 time or a
+        `datetime`: `instant.moment_time`): what a read as of that moment reads. A time before the table's first
+        commit, or one whose files a clean removed, is a SnapshotExpiredError naming the readable times."""
+        found = self.instant_at(moment_time(moment))
+        if found is None or found < self.readable_from:
+            why = "before the table's first commit" if found is None else "a clean removed files of that snapshot"
+            since = "its first commit" if self.readable_from == BOOTSTRAP_TIME else self.readable_from
+            raise SnapshotExpiredError(
+                f"cannot read {self.timeline.root} as of {moment}: {why}; times from {since} on are readable (the "
+                f"latest commit is {self.latest}). clean.retain_commits sets how many commits stay readable")
+        return found
+
+    def instant_at(self, time: str) -> str | None:
+        """The latest completed data instant at or before an instant time (archived ones too), None before the
+        first."""
+        found = max((i.time for i in self.completed if i.time <= time), default=None)
+        if found is None and self.archived.until != BOOTSTRAP_TIME:
+            found = max((i.time for i, _ in self.timeline.archive.read(last=time) if i.action in DATA_ACTIONS),
+                        default=None)
+        return found
+
+    @property
+    def is_current(self) -> bool:
+        """Whether this is the table's latest snapshot. Indexes that hold only the present (the record index,
+        consistent-hashing rings) answer for it; a view as of an older instant finds keys through what is
+        versioned by file (bloom filters and key ranges, kept per base file) and its slices' own files."""
+        return self.as_of is None or self.as_of == self.latest
 
     @property
     def latest(self) -> str | None:

@@ -28,7 +28,7 @@ from metatable.formats.key_pages import key_pages, worth_probing
 from metatable.formats.row_pages import read_rows, rows_of_keys
 from metatable.read.locator import Explain, FileIdsOf, MetadataIndex, RecordIndex, SliceLocator
 from metatable.storage.base import Storage
-from metatable.table_config import KEY_COLUMN
+from metatable.table_config import KEY_COLUMN, TableConfig
 
 
 def keys_table(data: Any) -> pa.Table:
@@ -44,6 +44,8 @@ def computed_file_ids(context: TableContext, view: TimelineView) -> FileIdsOf | 
     index = context.config.index
     if index.type != "bucket":
         return None
+    if not view.is_current and (index.consistent_hashing or view.archived.carried.get("num_buckets")):
+        return None  # rings, and a rehash the archive holds, are known as of now only
     assigner = view.bucket_assigner(index)
 
     def file_ids_of(keys: pa.Array, partitions: Sequence[str]) -> dict[str, pa.Array]:
@@ -57,20 +59,24 @@ def computed_file_ids(context: TableContext, view: TimelineView) -> FileIdsOf | 
     return file_ids_of
 
 
-def locate(context: TableContext, index: MetadataIndex, data: pa.Table, by_metadata: bool,
-           view: TimelineView) -> tuple[pa.Table, Explain]:
-    config = context.config
+def encoded_keys(data: pa.Table, config: TableConfig) -> tuple[pa.Array, pa.Array | None]:
+    """Keys as given (the record key columns, the partition columns optional) as record keys and partition
+    paths; None for the paths when the partition columns were left out."""
     keys = record_keys(data, config.record_key).combine_chunks()
     scoped = all(c in data.column_names for c in config.partition_by)
-    partitions = partition_paths(data, config.partition_by).combine_chunks() if scoped else None
-    return locate_keys(context, index, keys, partitions, by_metadata, view)
+    return keys, partition_paths(data, config.partition_by).combine_chunks() if scoped else None
+
+
+def locate(context: TableContext, index: MetadataIndex, data: pa.Table, by_metadata: bool,
+           view: TimelineView) -> tuple[pa.Table, Explain]:
+    return locate_keys(context, index, *encoded_keys(data, context.config), by_metadata, view)
 
 
 def locate_keys(context: TableContext, index: MetadataIndex, keys: pa.Array, partitions: pa.Array | None,
                 by_metadata: bool, view: TimelineView) -> tuple[pa.Table, Explain]:
     """`locate` of record keys, each in its partition path (or in any, without `partitions`)."""
     config = view.config
-    if "record_index" in config.metadata_indexes and not by_metadata:
+    if "record_index" in config.metadata_indexes and not by_metadata and view.is_current:
         explain = Explain("record_index")
         every = view.partitions if partitions is None and not config.keys_unique_across_partitions else ()
         out_partition, out_file = RecordIndex(context.metadata, config).locate(keys, partitions, every)
@@ -86,14 +92,22 @@ def locate_keys(context: TableContext, index: MetadataIndex, keys: pa.Array, par
 
 
 def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table, view: TimelineView) -> pa.Table:
-    """The rows of the keys that exist (in the table's columns), from the file slices that may hold them. A
-    bucket index computes those slices (reading is itself the check); other indexes locate the keys first.
-    From a base file, when the keys are few next to its key pages, only a key page per key is read, then
-    only the pages of the other columns that hold their rows (`row_pages`); the slice's logs are merged on
-    top. Measured at SF 1, 1,000 keys, a fresh process: 2.96 s reading whole slices, 1.46 s so."""
+    """The rows of the keys that exist, in the view's columns (`live_rows`)."""
+    return live_rows(context, index, *encoded_keys(data, view.config), view).select(view.config.schema.names)
+
+
+def live_rows(context: TableContext, index: MetadataIndex, keys: pa.Array, partitions: pa.Array | None,
+              view: TimelineView) -> pa.Table:
+    """The rows of the record keys that exist (each in its partition path, or in any without `partitions`), in
+    the view's storage schema, from the file slices that may hold them. A bucket index computes those slices
+    (reading is itself the check); other indexes locate the keys first. From a base file, when the keys are
+    few next to its key pages, only a key page per key is read, then only the pages of the other columns that
+    hold their rows (`row_pages`); the slice's logs are merged on top. Measured at SF 1, 1,000 keys, a fresh
+    process: 2.96 s reading whole slices, 1.46 s so."""
     config = view.config
-    schema, storage_schema = config.schema, config.storage_schema
-    slices = [(view.file_slices[group], keys) for group, keys in candidate_slices(context, index, data, view).items()]
+    storage_schema = config.storage_schema
+    slices = [(view.file_slices[group], keys)
+              for group, keys in candidate_slices(context, index, keys, partitions, view).items()]
     paged = [i for i, (fs, keys) in enumerate(slices)
              if fs.base and few_keys(context.storage, base_path(context.paths, fs), keys)]
     plans = rows_of_keys(context.storage, [base_path(context.paths, slices[i][0]) for i in paged],
@@ -114,8 +128,9 @@ def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table, view: 
         return merge_versions([base, *logs], config.ordering_field, storage_schema)
 
     with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-get") as pool:
-        parts = [rows.select(schema.names).cast(schema) for rows in pool.map(rows_of, range(len(slices)))]
-    return pa.concat_tables(parts) if parts else schema.empty_table()
+        parts = [rows.select(storage_schema.names).cast(storage_schema)
+                 for rows in pool.map(rows_of, range(len(slices)))]
+    return pa.concat_tables(parts) if parts else storage_schema.empty_table()
 
 
 def with_keys(rows: pa.Table, keys: pa.Array) -> pa.Table:
@@ -128,26 +143,22 @@ def few_keys(storage: Storage, path: str, keys: pa.Array) -> bool:
     return worth_probing(storage, path, len(keys)) and key_pages(storage, path) is not None
 
 
-def candidate_slices(context: TableContext, index: MetadataIndex, data: pa.Table,
+def candidate_slices(context: TableContext, index: MetadataIndex, keys: pa.Array, partitions: pa.Array | None,
                      view: TimelineView) -> dict[tuple[str, str], pa.Array]:
     """(partition, file id) -> the keys to look for in that file slice."""
     config = view.config
     file_ids_of = computed_file_ids(context, view)
-    scoped = all(c in data.column_names for c in config.partition_by)
-    if file_ids_of is None or "record_index" in config.metadata_indexes:
-        if scoped or config.keys_unique_across_partitions:
-            located, _ = locate(context, index, data, False, view)
+    if file_ids_of is None or ("record_index" in config.metadata_indexes and view.is_current):
+        if partitions is not None or config.keys_unique_across_partitions:
+            located, _ = locate_keys(context, index, keys, partitions, False, view)
         else:  # a key may live in several partitions: look for it in each
-            keys = record_keys(data, config.record_key).combine_chunks()
             paths = view.partitions
             each_key = pa.array(np.repeat(np.arange(len(keys)), len(paths)))
             each_path = pa.array(np.tile(np.arange(len(paths)), len(keys)))
             located, _ = locate_keys(context, index, keys.take(each_key),
                                      pa.array(paths, pa.string()).take(each_path), False, view)
         return keys_by_slice(located.filter(pc.is_valid(located["file_id"])), view)
-    keys = record_keys(data, config.record_key).combine_chunks()
-    if scoped:
-        partitions = partition_paths(data, config.partition_by).combine_chunks()
+    if partitions is not None:
         candidates = pa.table({"key": keys, "partition": partitions,
                                "file_id": view.bucket_assigner(config.index).file_ids(keys, partitions)})
     else:  # every partition may hold the key

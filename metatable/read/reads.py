@@ -20,6 +20,7 @@ from metatable.read.scan_filter import Filter, may_match_any, parse_filter, part
 from metatable.spark.dataframes import read_dataframe
 from metatable.spark.session import active_session
 from metatable.table_config import TableConfig
+from metatable.timeline.instant import Moment
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class ScanPlan:
                 config.with_schema(pa.schema([f for f in schema if f.name in needed])))
 
 
-def scan_plan(context: TableContext, as_of: str | None = None, filter: Any = None) -> ScanPlan:
+def scan_plan(context: TableContext, as_of: Moment | None = None, filter: Any = None) -> ScanPlan:
     """The file slices a read needs: all of them, less those whose column stats rule the filter out."""
     return context.read_view(lambda view: plan_of(view, parse_filter(filter, view.config.schema)), as_of)
 
@@ -106,7 +107,7 @@ def to_dataframe(context: TableContext, plan: ScanPlan, read_optimized: bool = F
     return df.select(*out.names) if columns is not None else df
 
 
-def file_group_stats(context: TableContext, as_of: str | None = None) -> list[dict[str, Any]]:
+def file_group_stats(context: TableContext, as_of: Moment | None = None) -> list[dict[str, Any]]:
     """Per file group: rows, bytes and pending logs of its latest slice (as of a completed instant)."""
     storage, paths = context.storage, context.paths
     out = []

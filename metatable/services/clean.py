@@ -10,6 +10,7 @@ clean or the next writer's recovery, so nothing it planned is left behind unrefe
 from __future__ import annotations
 
 import logging
+from time import time_ns
 from typing import Any, Callable
 
 from metatable.commit.conflicts import Committer
@@ -59,13 +60,15 @@ def file_id_of(name: str) -> str:
     return LogFile.parse(name).file_id if LogFile.is_log_name(name) else BaseFile.parse(name).file_id
 
 
-def settled_instants(context: TableContext, retain: int) -> tuple[Callable[[str], bool], str] | None:
+def settled_instants(context: TableContext, retain: int,
+                     retain_hours: float = 0.0) -> tuple[Callable[[str], bool], str] | None:
     """The completed data instants whose slices every reader that clean protects reads (or newer ones), and
     the oldest time whose snapshot stays readable once the slices they supersede go (`readable_from`: the
     newest of them); None when nothing is settled.
 
     Retention counts completions, not instant times: the retained instants are the last `retain` to
-    complete, so a compaction scheduled early and completed late retires the slices it supersedes only once
+    complete (and every one that completed in the last `retain_hours`), so a compaction scheduled early
+    and completed late retires the slices it supersedes only once
     `retain` more instants completed after it (a read that began before it completed still reads them).
     Settled are the instants that completed before all of them and are older than every one of them (time
     travel to any retained instant picks their slices or newer). Inflight writes and pending indexings read
@@ -76,6 +79,9 @@ def settled_instants(context: TableContext, retain: int) -> tuple[Callable[[str]
     archived = timeline.archived  # listed with `completed`
     recent = [(at, time) for time, at in archived.carried.get("completions", [])]
     known = [(completed_at(context, i), i.time) for i in completed] + recent
+    if retain_hours:
+        since = time_ns() - int(retain_hours * 3600e9)
+        retain = max(retain, sum(1 for at, _ in known if at >= since))
     if len(known) <= retain:
         return None
     by_completion = sorted(known)
@@ -105,7 +111,8 @@ def settled_instants(context: TableContext, retain: int) -> tuple[Callable[[str]
 
 def service(context: TableContext) -> Service[None]:
     def plan() -> Content | None:
-        found = settled_instants(context, context.config.options["clean.retain_commits"])
+        options = context.config.options
+        found = settled_instants(context, options["clean.retain_commits"], options["clean.retain_hours"])
         if found is None:
             return None
         settled, readable_from = found

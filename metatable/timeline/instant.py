@@ -45,6 +45,29 @@ def time_from_datetime(moment: dt.datetime) -> str:
     return moment.strftime(_TIME_FORMAT) + f"{moment.microsecond // 1000:03d}"
 
 
+Moment = str | dt.datetime | dt.date  # what `as_of` and `changes` take: `moment_time`
+
+
+def moment_time(moment: Moment) -> str:
+    """A moment as an instant time: an instant time as it is; a `datetime` (naive ones are UTC), or an ISO-8601
+    string (`2026-11-26`, `2026-11-26T23:18:00`, with an offset or without: UTC), at millisecond precision."""
+    if isinstance(moment, dt.datetime):
+        return time_from_datetime(moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc))
+    if isinstance(moment, dt.date):
+        return time_from_datetime(dt.datetime(moment.year, moment.month, moment.day, tzinfo=dt.timezone.utc))
+    if isinstance(moment, str) and _TIME_RE.match(moment):
+        return moment
+    if isinstance(moment, str):
+        try:
+            parsed = dt.datetime.fromisoformat(moment.strip().replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            return moment_time(parsed)
+    raise InvalidInputError(f"{moment!r} is not a moment: give an instant time (17 digits yyyyMMddHHmmssSSS, UTC), "
+                            "an ISO-8601 time such as '2026-11-26T23:18:00Z', or a datetime")
+
+
 def datetime_from_time(time: str) -> dt.datetime:
     validate_time(time)
     moment = dt.datetime.strptime(time[:14], _TIME_FORMAT).replace(tzinfo=dt.timezone.utc)

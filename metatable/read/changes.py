@@ -1,0 +1,318 @@
+"""Incremental reads (`Table.changes`): what the writes of a window of instants `(start, end]` changed, as
+change records.
+
+Net changes: every record (its key, and its partition path unless keys are unique across partitions) that a
+write in the window wrote and whose row differs between the snapshot as of `start` and the one as of `end`
+gives
+- `insert`: absent as of start, present as of end: its row as of end;
+- `delete`: present as of start, absent as of end: its row as of start;
+- `update_preimage` then `update_postimage`: present in both with different values: the row as of start,
+  then the row as of end.
+A record updated several times in the window gives one pre-image (from before the window) and one
+post-image (at its end); one inserted and deleted in the window, or changed and changed back, gives nothing.
+`_commit_instant` is the latest write in the window that wrote the record; `_commit_seq` numbers the
+changes of one instant (an update's two images share one), in the order of partition path and key.
+
+How the records are found, without a scan of the table (docs/design-notes.md, "Reading through time"):
+1. the window's writes: the commits and deltacommits that completed in it, archived ones too, and from each
+   one's commit metadata the files it wrote. Compactions, clusterings and resizes are not writes: they move
+   rows without changing them, and give no change records.
+2. the records each write wrote: a log's keys (its key column: deletes are rows of it too); a base file's rows
+   compared with the previous base of its file group (a copy-on-write write rewrites the group: the
+   difference is what it changed; a new file group's keys are all new).
+3. those records' rows as of start and as of end (`key_lookup.live_rows`): from the file slices that hold
+   them, and of a large base file only the pages that do. Their comparison is the change.
+
+A window that reaches back past what clean kept is a SnapshotExpiredError that names the earliest start.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Collection, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from indexes.arrow_keys import partition_paths
+
+from metatable.commit.context import TableContext
+from metatable.commit.timeline_view import TimelineView
+from metatable.errors import InvalidInputError, SnapshotExpiredError
+from metatable.file_group.base_file import PARQUET, BaseFile
+from metatable.file_group.file_slice import parse_names
+from metatable.file_group.slice_reader import read_base
+from metatable.formats.data_log import read_data_log
+from metatable.formats.log_file import LogFile
+from metatable.read.key_lookup import live_rows
+from metatable.read.locator import MetadataIndex
+from metatable.read.scan_filter import Filter, may_match_any, parse_filter, partition_ranges, row_mask
+from metatable.table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
+from metatable.timeline.instant import BOOTSTRAP_TIME, WRITE_ACTIONS, Moment, moment_time
+from metatable.timeline.transaction import Content
+
+log = logging.getLogger(__name__)
+
+CHANGE_TYPE = "_change_type"
+COMMIT_INSTANT = "_commit_instant"
+COMMIT_SEQ = "_commit_seq"
+CHANGE_COLUMNS = pa.schema([(CHANGE_TYPE, pa.string()), (COMMIT_INSTANT, pa.string()), (COMMIT_SEQ, pa.int64())])
+INSERT, DELETE, PREIMAGE, POSTIMAGE = "insert", "delete", "update_preimage", "update_postimage"
+
+
+@dataclass(frozen=True)
+class Window:
+    """The writes of `(start, end]`: instant times (`start` may fall between instants)."""
+
+    start: str
+    end: str
+    writes: tuple[tuple[str, Content], ...]  # (instant time, commit metadata), oldest first
+
+
+def settled_end(view: TimelineView) -> str | None:
+    """The latest completed data instant before every write the view does not see completed: a window that
+    ends there reads the same whenever it is read again (a write that began earlier and completes later would
+    fall inside a window ending after it; a new write's instant is later than every instant on the timeline).
+    A write the listing shows completed but the view's metadata snapshot does not hold yet counts as running.
+    What `changes` reads to by default, and how far a stream's offset moves."""
+    running = min((i.time for i in view.instants if i.action in WRITE_ACTIONS and i.time not in view.completed_times),
+                  default=None)
+    return max((i.time for i in view.completed if running is None or i.time < running), default=None)
+
+
+def window(view: TimelineView, start: Moment, end: Moment | None) -> Window:
+    """The window `(start, end]` of a view (`end`: its settled end by default), checked readable."""
+    start_time = moment_time(start)
+    end_time = moment_time(end) if end is not None else (settled_end(view) or BOOTSTRAP_TIME)
+    if start_time < view.readable_from:
+        raise SnapshotExpiredError(
+            f"cannot read the changes of {view.timeline.root} since {start}: a clean removed files of that "
+            f"snapshot; the earliest start is {view.readable_from} (the latest commit is {view.latest}). "
+            "clean.retain_commits and clean.retain_hours set how long changes stay readable")
+    if end_time <= start_time:
+        return Window(start_time, end_time, ())
+    writes = {i.time: i for i in view.completed if i.action in WRITE_ACTIONS and start_time < i.time <= end_time}
+    found = [(t, view.timeline.read_json(i)) for t, i in sorted(writes.items())]
+    if start_time < view.archived.until:
+        found += [(i.time, content) for i, content in view.timeline.archive.read(start_time, end_time)
+                  if i.action in WRITE_ACTIONS and i.time > start_time and i.time not in writes]
+    return Window(start_time, end_time, tuple(sorted(found, key=lambda w: w[0])))
+
+
+def read_changes(context: TableContext, index: MetadataIndex, start: Moment, end: Moment | None = None,
+                 columns: Sequence[str] | None = None, filter: Any = None,
+                 partitions: Collection[str] | None = None) -> pa.Table:
+    """The change records of `(start, end]` (see the module's docstring), in the columns of the snapshot as of
+    end (or `columns` of them) and the three change columns; `filter` as `to_arrow` takes, applied to each
+    change record's row (an update whose pre-image matches and post-image does not gives the pre-image).
+    `partitions`: only the records of these partition paths (a Spark task's share: `change_units`)."""
+    return context.read_view(lambda view: changes_in(context, index, view, window(view, start, end), columns,
+                                                     filter, partitions))
+
+
+def change_units(view: TimelineView, w: Window) -> list[frozenset[str] | None]:
+    """The window's records in shares that can be read apart: one per partition path its writes wrote (a
+    record stays in its partition), or one for all where keys are unique across partitions (a record may
+    move between them)."""
+    if view.config.keys_unique_across_partitions:
+        return [None] if w.writes else []
+    return [frozenset([p]) for p in sorted({relative.rpartition("/")[0] for _, meta in w.writes
+                                            for relative in meta.get("files", [])})]
+
+
+def changes_in(context: TableContext, index: MetadataIndex, view: TimelineView, w: Window,
+               columns: Sequence[str] | None, filter: Any, partitions: Collection[str] | None) -> pa.Table:
+    end_view = view if not w.writes or w.end >= (view.latest or BOOTSTRAP_TIME) else context.view(as_of=w.end)
+    config = end_view.config
+    schema = config.schema
+    wanted = list(schema.names) if columns is None else list(columns)
+    if len(set(wanted)) != len(wanted) or not set(wanted) <= set(schema.names):
+        raise InvalidInputError(f"columns {wanted} must name distinct columns of the table ({schema.names})")
+    filters = parse_filter(filter, schema)
+    out_schema = pa.schema([schema.field(c) for c in wanted] + list(CHANGE_COLUMNS))
+    if not w.writes:
+        return out_schema.empty_table()
+    written = written_records(context, end_view, w, filters, partitions)
+    log.info("changes of %s in (%s, %s]: %d writes wrote %d records", context.root, w.start, w.end,
+             len(w.writes), written.num_rows)
+    if written.num_rows == 0:
+        return out_schema.empty_table()
+    unique = config.keys_unique_across_partitions
+    keys = written["key"].combine_chunks()
+    partitions = None if unique else written["partition"].combine_chunks()
+    as_of_start = view.instant_at(w.start)
+    before = (conformed(live_rows(context, index, keys, partitions, context.view(as_of=as_of_start)),
+                        config.storage_schema) if as_of_start is not None else config.storage_schema.empty_table())
+    after = live_rows(context, index, keys, partitions, end_view)
+    table = change_records(config, written, before, after)
+    if filters:
+        table = table.filter(row_mask(table, filters))
+    return table.select(out_schema.names)
+
+
+def as_inserts(rows: pa.Table, instant: str) -> pa.Table:
+    """A snapshot's rows as change records: what a stream without a start reads first (the snapshot as of
+    `instant`, every row an insert stamped with it; `_commit_seq` null: no commit's own change)."""
+    n = rows.num_rows
+    return (rows.append_column(CHANGE_TYPE, pa.repeat(pa.scalar(INSERT), n))
+            .append_column(COMMIT_INSTANT, pa.repeat(pa.scalar(instant), n))
+            .append_column(COMMIT_SEQ, pa.nulls(n, pa.int64())))
+
+
+NEVER = np.iinfo(np.int64).max
+
+
+def written_records(context: TableContext, view: TimelineView, w: Window, filters: Filter,
+                    partitions: Collection[str] | None = None) -> pa.Table:
+    """Every record a write of the window wrote (in `partitions`, when given), once: key, partition (null
+    where keys are unique across partitions: a key names its record), and as int64 instants `written`, the
+    last write that wrote a row of it (-1: none did), and `deleted`, the first delete after that (NEVER: none):
+    the write that made its state as of end, whichever that state is."""
+    config = view.config
+    storage, paths = context.storage, context.paths
+    files = [(int(time), *relative.rpartition("/")[::2])
+             for time, meta in w.writes for relative in meta.get("files", [])]
+    if partitions is not None:
+        files = [(t, p, n) for t, p, n in files if p in partitions]
+    if filters:  # partitions whose values the filter rules out
+        files = [(t, p, n) for t, p, n in files
+                 if may_match_any(filters, partition_ranges(p, config.schema, config.partition_by).get)]
+    names = view.file_sizes({p for _, p, n in files if not LogFile.is_log_name(n)})
+    key_schema = pa.schema([(KEY_COLUMN, pa.string()), (DELETED_COLUMN, pa.bool_())])
+    parts = []
+    for time, partition, name in files:
+        if LogFile.is_log_name(name):
+            keys = read_data_log(storage, paths.file(partition, name), key_schema)[1]
+        else:
+            keys = rewritten_keys(context, view, partition, name, names[partition])
+        n = keys.num_rows
+        parts.append(pa.table({"key": keys[KEY_COLUMN], "deleted": keys[DELETED_COLUMN],
+                               "partition": pa.repeat(pa.scalar(partition, pa.string()), n),
+                               "instant": pa.repeat(pa.scalar(time, pa.int64()), n)}))
+    every = pa.concat_tables(parts) if parts else pa.schema(
+        [("key", pa.string()), ("deleted", pa.bool_()), ("partition", pa.string()), ("instant", pa.int64())]
+    ).empty_table()
+    unique = config.keys_unique_across_partitions
+    by = ["key"] if unique else ["partition", "key"]
+    every = every.append_column("live", pc.if_else(every["deleted"], -1, every["instant"]))
+    latest = every.group_by(by).aggregate([("live", "max")])
+    ids = identities(config, latest["key"], None if unique else latest["partition"])
+    last_live = latest["live_max"].take(pc.index_in(identities(config, every["key"], None if unique else
+                                                              every["partition"]), value_set=ids))
+    after_it = pc.and_(every["deleted"], pc.greater(every["instant"], last_live))
+    every = every.append_column("gone", pc.if_else(after_it, every["instant"], NEVER))
+    out = every.group_by(by).aggregate([("live", "max"), ("gone", "min")])
+    if unique:
+        out = out.append_column("partition", pa.nulls(out.num_rows, pa.string()))
+    return out.rename_columns({"live_max": "written", "gone_min": "deleted"})
+
+
+def rewritten_keys(context: TableContext, view: TimelineView, partition: str, name: str,
+                   names: Collection[str]) -> pa.Table:
+    """The keys whose rows a base file changed against the previous base of its file group (among `names`,
+    the partition's files), with a delete flag as a log's: all of its keys in a new file group; in a rewritten
+    one, those added or with other values, and those removed (deleted)."""
+    config = view.config
+    bases, _ = parse_names(names, PARQUET)
+    new = BaseFile.parse(name)
+    earlier = [b for b in bases if b.file_id == new.file_id and b.instant < new.instant and view.visible(b.instant)]
+    path = context.paths.file(partition, name)
+    if not earlier:
+        keys = read_base(context.storage, path, columns=[KEY_COLUMN])[KEY_COLUMN]
+        return pa.table({KEY_COLUMN: keys, DELETED_COLUMN: pa.repeat(pa.scalar(False), len(keys))})
+    previous = max(earlier, key=lambda b: b.instant)
+    schema = config.storage_schema
+    after = read_base(context.storage, path, schema, known=config.known_columns)
+    before = read_base(context.storage, context.paths.file(partition, previous.file_name), schema,
+                       known=config.known_columns)
+    at = pc.index_in(after[KEY_COLUMN], value_set=before[KEY_COLUMN].combine_chunks())
+    matched = np.asarray(pc.is_valid(at).to_numpy(zero_copy_only=False), dtype=bool)
+    differs = ~matched
+    differs[matched] = rows_differ(after.filter(pa.array(matched)), before.take(at.filter(pc.is_valid(at))))
+    changed = after[KEY_COLUMN].filter(pa.array(differs))
+    removed = before[KEY_COLUMN].filter(pc.invert(pc.is_in(before[KEY_COLUMN],
+                                                           value_set=after[KEY_COLUMN].combine_chunks())))
+    return pa.table({KEY_COLUMN: pa.chunked_array([*changed.chunks, *removed.chunks], pa.string()),
+                     DELETED_COLUMN: np.concatenate([np.zeros(len(changed), bool), np.ones(len(removed), bool)])})
+
+
+def change_records(config: TableConfig, written: pa.Table, before: pa.Table, after: pa.Table) -> pa.Table:
+    """The change records of the written records, from their rows as of start (`before`) and as of end
+    (`after`), both in the storage schema: see the module's docstring. Sorted by instant, then sequence."""
+    candidates = identities(config, written["key"], written["partition"])
+    before_at = pc.index_in(candidates, value_set=identities(config, before[KEY_COLUMN], None, before))
+    after_at = pc.index_in(candidates, value_set=identities(config, after[KEY_COLUMN], None, after))
+    was, now = valid(before_at), valid(after_at)
+    both = np.flatnonzero(was & now)
+    b_at = np.asarray(before_at.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    a_at = np.asarray(after_at.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    updated = both[rows_differ(before.take(b_at[both]), after.take(a_at[both]))] if len(both) else both
+    inserted, deleted = np.flatnonzero(~was & now), np.flatnonzero(was & ~now)
+    events = np.concatenate([inserted, deleted, updated])
+    kinds = np.concatenate([np.zeros(len(inserted), np.int8), np.ones(len(deleted), np.int8),
+                            np.full(len(updated), 2, np.int8)])
+    # each event's sequence number within its instant, in the order of partition path and key
+    live = np.asarray(written["written"].to_numpy(), dtype=np.int64)[events]
+    gone = np.asarray(written["deleted"].to_numpy(), dtype=np.int64)[events]
+    instants = np.where((kinds == 1) & (gone != NEVER), gone, live)  # deleted: by the write that deleted it
+    order = pc.sort_indices(pa.table({"i": instants, "id": candidates.take(pa.array(events))}),
+                            sort_keys=[("i", "ascending"), ("id", "ascending")]).to_numpy()
+    events, kinds, instants = events[order], kinds[order], instants[order]
+    seq = np.arange(len(events)) - np.searchsorted(instants, instants, side="left")
+    # the output rows: an update gives its pre-image, then its post-image
+    images = np.where(kinds == 2, 2, 1)
+    rows = np.repeat(np.arange(len(events)), images)
+    second = np.zeros(len(rows), dtype=bool)
+    second[np.cumsum(images)[kinds == 2] - 1] = True
+    from_before = (kinds[rows] == 1) | ((kinds[rows] == 2) & ~second)
+    source = np.where(from_before, b_at[events[rows]], len(before) + a_at[events[rows]])
+    kind_names = np.where(kinds[rows] == 0, INSERT, np.where(kinds[rows] == 1, DELETE,
+                                                            np.where(second, POSTIMAGE, PREIMAGE)))
+    both_tables = pa.concat_tables([before, after]).select(config.schema.names)
+    out = both_tables.take(pa.array(source, pa.int64()))
+    instant_text = pc.utf8_lpad(pc.cast(pa.array(instants[rows], pa.int64()), pa.string()), 17, "0")
+    return (out.append_column(CHANGE_TYPE, pa.array(kind_names.astype(object), pa.string()))
+            .append_column(COMMIT_INSTANT, instant_text)
+            .append_column(COMMIT_SEQ, pa.array(seq[rows], pa.int64())))
+
+
+def identities(config: TableConfig, keys: pa.ChunkedArray | pa.Array, partitions: pa.ChunkedArray | pa.Array | None,
+               rows: pa.Table | None = None) -> pa.Array:
+    """What names a record: its key, and its partition path (given, or read off `rows`) unless keys are unique
+    across partitions."""
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    if config.keys_unique_across_partitions:
+        return keys
+    if partitions is None:
+        partitions = partition_paths(rows, config.partition_by)
+    partitions = partitions.combine_chunks() if isinstance(partitions, pa.ChunkedArray) else partitions
+    return pc.binary_join_element_wise(partitions, keys, "\x1f")
+
+
+def valid(positions: pa.Array) -> np.ndarray:
+    return np.asarray(pc.is_valid(positions).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def rows_differ(a: pa.Table, b: pa.Table) -> np.ndarray:
+    """Per row of two tables of one schema: whether any column differs (nulls equal nulls, NaN equals NaN)."""
+    differ = np.zeros(a.num_rows, dtype=bool)
+    for name in a.column_names:
+        differ |= ~values_equal(a[name], b[name].cast(a.schema.field(name).type))
+    return differ
+
+
+def values_equal(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
+    type_ = a.type
+    if pa.types.is_nested(type_) or pa.types.is_dictionary(type_):  # no kernel compares these: by value
+        return np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist())], dtype=bool)
+    same = pc.or_kleene(pc.equal(a, b), pc.and_(pc.is_null(a), pc.is_null(b)))
+    if pa.types.is_floating(type_):
+        same = pc.or_kleene(same, pc.and_kleene(pc.is_nan(a), pc.is_nan(b)))
+    return np.asarray(pc.fill_null(same, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Rows of an older snapshot in a newer schema: columns added since are nulls, widened ones cast."""
+    return pa.table([rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+                     for f in schema], schema=schema)

@@ -1,0 +1,336 @@
+"""Reading through time: `as_of` any moment and `changes()` against a plain model of every snapshot, on both
+table types and every index, with compactions, clusterings, resizes and cleans between the writes."""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import metatable as mt
+from metatable.errors import InvalidInputError, SnapshotExpiredError
+from metatable.timeline.instant import datetime_from_time, moment_time
+
+from .table_model import SCHEMA as MODEL_SCHEMA, sort_rows
+
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.string())])
+KEYS = st.lists(st.tuples(st.integers(0, 9), st.sampled_from(["a", "b"])), min_size=1, max_size=6, unique=True)
+OPERATIONS = st.lists(st.one_of(st.tuples(st.just("upsert"), KEYS), st.tuples(st.just("delete"), KEYS),
+                                st.tuples(st.sampled_from(["compact", "cluster", "resize", "clean"]), st.just([]))),
+                      min_size=2, max_size=9)
+INDEXES = {  # name -> (IndexConfig, partitioned, metadata indexes)
+    "simple": (mt.IndexConfig(num_buckets=2), False, ("column_stats",)),
+    "consistent_hashing": (mt.IndexConfig(engine="consistent_hashing", num_buckets=2), True, ("column_stats",)),
+    "bloom": (mt.IndexConfig(type="bloom"), True, ("column_stats", "bloom_filter")),
+    "record": (mt.IndexConfig(type="record"), True, ("column_stats",)),
+}
+GROW = {"write.target_file_size": 1024, "bucket.split_threshold": 1.0, "bucket.merge_threshold": 0.0}
+CHANGE_COLUMNS = ["_change_type", "_commit_instant", "_commit_seq"]
+
+
+class History:
+    """The model: the rows after every write, and what each write changed."""
+
+    def __init__(self, partitioned: bool) -> None:
+        self.partitioned = partitioned
+        self.rows: dict[tuple, tuple] = {}  # identity -> (p, v)
+        self.snapshots: list[tuple[str, dict[tuple, tuple]]] = []  # (write instant, rows after it)
+        self.changed: list[tuple[str, set[tuple]]] = []  # (write instant, identities whose state it changed)
+
+    def identity(self, key: int, p: str) -> tuple:
+        return (p, key) if self.partitioned else ("", key)
+
+    def write(self, instant: str, operation: str, keys: list[tuple[int, str]], step: int) -> None:
+        before = dict(self.rows)
+        for key, p in keys:
+            if operation == "upsert":
+                self.rows[self.identity(key, p)] = (p, f"{step}-{key}")  # every write a new value
+            else:
+                self.rows.pop(self.identity(key, p), None)
+        self.snapshots.append((instant, dict(self.rows)))
+        self.changed.append((instant, {k for k in before.keys() | self.rows.keys()
+                                       if before.get(k) != self.rows.get(k)}))
+
+    def at(self, time: str) -> dict[tuple, tuple]:
+        earlier = [rows for instant, rows in self.snapshots if instant <= time]
+        return earlier[-1] if earlier else {}
+
+    def changes(self, start: str, end: str) -> list[tuple]:
+        """(id, p, v, change type, commit instant), sorted; and per instant, identities in `_commit_seq` order."""
+        pre, post = self.at(start), self.at(end)
+        out = []
+        for k in pre.keys() | post.keys():
+            touched = [instant for instant, changed in self.changed if start < instant <= end and k in changed]
+            if not touched or pre.get(k) == post.get(k):
+                continue
+            key = k[1]
+            if k not in pre:
+                out.append((key, *post[k], "insert", touched[-1]))
+            elif k not in post:
+                out.append((key, *pre[k], "delete", touched[-1]))
+            else:
+                out += [(key, *pre[k], "update_preimage", touched[-1]),
+                        (key, *post[k], "update_postimage", touched[-1])]
+        return sorted(out, key=str)
+
+
+def rows_of(table: pa.Table) -> list[tuple]:
+    return sorted(((r["id"], r["p"], r["v"]) for r in table.to_pylist()), key=str)
+
+
+def model_rows(rows: dict[tuple, tuple]) -> list[tuple]:
+    return sorted(((key, p, v) for (_, key), (p, v) in rows.items()), key=str)
+
+
+def change_tuples(table: pa.Table) -> list[tuple]:
+    return sorted(((r["id"], r["p"], r["v"], r["_change_type"], r["_commit_instant"]) for r in table.to_pylist()),
+                  key=str)
+
+
+def check_sequence(table: pa.Table, partitioned: bool) -> None:
+    """`_commit_seq` numbers each instant's changes 0, 1, ... in the order of partition path and key; an
+    update's two images share one, the pre-image first."""
+    rows = table.to_pylist()
+    assert [(r["_commit_instant"], r["_commit_seq"]) for r in rows] == sorted(
+        (r["_commit_instant"], r["_commit_seq"]) for r in rows), "sorted by instant, then sequence"
+    for instant in {r["_commit_instant"] for r in rows}:
+        mine = [r for r in rows if r["_commit_instant"] == instant]
+        events = list(dict.fromkeys(((f"p={r['p']}" if partitioned else ".") + "\x1f" + str(r["id"]), r["_commit_seq"])
+                                    for r in mine))
+        assert [seq for _, seq in events] == list(range(len(events)))
+        assert [name for name, _ in events] == sorted(name for name, _ in events)
+    for first, second in zip(rows, rows[1:]):
+        if second["_change_type"] == "update_postimage":
+            assert first["_change_type"] == "update_preimage" and first["id"] == second["id"]
+
+
+def between(instant: str) -> dt.datetime:
+    """A moment after an instant and before the next (instant times are milliseconds)."""
+    return datetime_from_time(instant) + dt.timedelta(microseconds=500)
+
+
+@pytest.mark.parametrize("index", sorted(INDEXES))
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(operations=OPERATIONS, windows=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=3,
+                                               max_size=3))
+def test_changes_and_time_travel_equal_the_model(tmp_path, table_type, index, operations, windows):
+    config, partitioned, metadata_indexes = INDEXES[index]
+    path = str(tmp_path / uuid.uuid4().hex[:8])
+    table = mt.Table.create(path, SCHEMA, "id", "p" if partitioned else None, table_type=table_type, index=config,
+                            metadata_indexes=metadata_indexes,
+                            options={"clean.retain_commits": 3, "clean.inline": False,
+                                     "compaction.trigger.log_count": 0, "clustering.small_file_limit": 1 << 20})
+    model = History(partitioned)
+    moments = []  # every instant time of the table, and moments between them
+    for step, (operation, keys) in enumerate(operations):
+        if not partitioned:  # a key names its record: once per batch
+            keys = list({key: (key, p) for key, p in keys}.values())
+        if operation in ("upsert", "delete"):
+            data = pa.table({"id": [k for k, _ in keys], "p": [p for _, p in keys]})
+            if operation == "upsert":
+                data = data.append_column("v", pa.array([f"{step}-{k}" for k, _ in keys]))
+                result = table.upsert(data.cast(SCHEMA))
+            else:
+                result = table.delete(data if partitioned else data.select(["id"]))
+            model.write(result.instant, operation, keys, step)
+        elif operation == "compact":
+            table.compact()
+        elif operation == "cluster":
+            table.cluster()
+        elif operation == "resize":
+            if index == "simple":
+                table.cluster(num_buckets=3 if table.config.index.num_buckets == 2 else 2)
+            elif index == "consistent_hashing":
+                mt.Table.open(path, options=GROW).cluster()
+        else:
+            mt.Table.open(path, options={"clean.retain_commits": 3}).clean()
+    table = mt.Table.open(path)
+    for instant in table.timeline():
+        moments += [instant.time, between(instant.time)]
+    readable_from = table.context.view().readable_from
+    first_write = model.snapshots[0][0] if model.snapshots else None
+
+    # as of every moment: the model's rows then, or a clear refusal
+    for moment in moments:
+        time = moment_time(moment)
+        if first_write is None or time < first_write or time < readable_from:
+            with pytest.raises(SnapshotExpiredError):
+                table.to_arrow(as_of=moment)
+            continue
+        expected = model_rows(model.at(time))
+        assert rows_of(table.to_arrow(as_of=moment)) == expected, f"as of {moment}"
+        keys = pa.table({"id": list(range(10)) * 2, "p": ["a"] * 10 + ["b"] * 10}).cast(
+            pa.schema([SCHEMA.field("id"), SCHEMA.field("p")]))
+        keys = keys if partitioned else keys.slice(0, 10).select(["id"])
+        assert rows_of(table.get(keys, as_of=moment)) == expected, f"get as of {moment}"
+        located = table.lookup(keys, as_of=moment)
+        assert sum(located["file_id"].is_valid().to_pylist()) == len(expected)
+
+    # changes in windows inside the retained range
+    times = sorted({moment_time(m) for m in moments}) or ["20000101000000000"]
+    for i, j in windows:
+        start, end = times[min(i, len(times) - 1)], times[min(j, len(times) - 1)]
+        if start < readable_from and readable_from != "00000000000000000":
+            with pytest.raises(SnapshotExpiredError, match=f"the earliest start is {readable_from}"):
+                table.changes(start, end)
+            continue
+        got = table.changes(start, end)
+        assert got.column_names == SCHEMA.names + CHANGE_COLUMNS
+        assert change_tuples(got) == (model.changes(start, end) if start < end else []), f"({start}, {end}]"
+        check_sequence(got, partitioned)
+    if readable_from == "00000000000000000":  # nothing cleaned: everything since before the first commit
+        everything = table.changes("2000-01-01")
+        assert change_tuples(everything) == model.changes("0", "99999999999999999")
+
+
+def test_as_of_takes_instants_iso_strings_datetimes_and_dates(tmp_path):
+    table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id")
+    first = table.upsert(pa.table({"id": [1], "p": ["a"], "v": ["x"]}).cast(SCHEMA)).instant
+    second = table.upsert(pa.table({"id": [1], "p": ["a"], "v": ["y"]}).cast(SCHEMA)).instant
+    compaction = table.compact()
+    at_first = datetime_from_time(first)
+    for moment in (first, at_first, at_first.replace(tzinfo=None), at_first.isoformat(),
+                   at_first.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                   at_first.astimezone(dt.timezone(dt.timedelta(hours=5))).isoformat()):
+        assert table.to_arrow(as_of=moment)["v"].to_pylist() == ["x"], moment
+    assert table.to_arrow(as_of=compaction)["v"].to_pylist() == ["y"]  # a compaction is a snapshot too
+    assert table.to_arrow(as_of=table.timeline()[-1].time)["v"].to_pylist() == ["y"]
+    assert table.to_arrow(as_of=dt.date(2999, 1, 1))["v"].to_pylist() == ["y"]
+    assert table.get(pa.table({"id": [1]}), as_of=first)["v"].to_pylist() == ["x"]
+    assert second > first
+    with pytest.raises(SnapshotExpiredError, match="before the table's first commit; times from its first commit"):
+        table.to_arrow(as_of=dt.date(2001, 1, 1))
+    with pytest.raises(InvalidInputError, match="is not a moment"):
+        table.to_arrow(as_of="yesterday")
+
+
+def test_changes_before_what_clean_kept_name_the_earliest_start(tmp_path):
+    table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", table_type="copy_on_write",
+                            options={"clean.retain_commits": 2})
+    instants = [table.upsert(pa.table({"id": [1], "p": ["a"], "v": [str(i)]}).cast(SCHEMA)).instant
+                for i in range(5)]
+    readable_from = table.context.view().readable_from
+    assert readable_from > instants[0]
+    with pytest.raises(SnapshotExpiredError, match=f"the earliest start is {readable_from}"):
+        table.changes(instants[0])
+    got = table.changes(readable_from)
+    assert got.to_pylist()[-1]["v"] == "4"
+
+
+def test_retain_hours_keeps_every_commit_of_the_last_hours(tmp_path):
+    table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", table_type="copy_on_write",
+                            options={"clean.retain_commits": 1, "clean.retain_hours": 1.0})
+    instants = [table.upsert(pa.table({"id": [1], "p": ["a"], "v": [str(i)]}).cast(SCHEMA)).instant
+                for i in range(4)]
+    assert table.context.view().readable_from == "00000000000000000"
+    assert [r["v"] for r in table.changes(instants[0]).to_pylist()] == ["0", "3"]
+    assert table.to_arrow(as_of=instants[1])["v"].to_pylist() == ["1"]
+
+
+def test_changes_columns_filter_and_the_cli(tmp_path, capsys):
+    from metatable.cli import main
+    table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p")
+    start = table.upsert(pa.table({"id": [1, 2], "p": ["a", "b"], "v": ["x", "y"]}).cast(SCHEMA)).instant
+    table.upsert(pa.table({"id": [1, 2, 3], "p": ["a", "b", "b"], "v": ["x2", "y2", "z"]}).cast(SCHEMA))
+    table.delete(pa.table({"id": [1], "p": ["a"]}))
+    got = table.changes(start, columns=["id", "v"], filter=[("p", "==", "b")])
+    assert got.column_names == ["id", "v"] + CHANGE_COLUMNS
+    assert [(r["id"], r["v"], r["_change_type"]) for r in got.to_pylist()] == [
+        (2, "y", "update_preimage"), (2, "y2", "update_postimage"), (3, "z", "insert")]
+    assert [r["_change_type"] for r in table.changes(start, filter=[("p", "==", "a")]).to_pylist()] == ["delete"]
+    main(["changes", str(tmp_path / "t"), "--since", start, "--output", "json"])
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 4 and '"_change_type": "delete"' in printed[-1]
+    main(["get", str(tmp_path / "t"), "1", "--as-of", start])
+    assert " x " in capsys.readouterr().out.splitlines()[1] + " "
+
+
+@pytest.mark.slow
+def test_a_change_stream_killed_twice_copies_a_table_that_three_writers_keep_writing(tmp_path):
+    """`readStream.format("metatable")` into a second table through `StreamSink` (pre-images dropped, deletes
+    applied), while three writer processes upsert and delete; the query is SIGKILLed once mid-run and once
+    after a batch committed to the target but before Spark's checkpoint recorded it. Restarted, it
+    ends with the target equal to the source."""
+    source, target, checkpoint = (str(tmp_path / name) for name in ("source", "target", "checkpoint"))
+    for path, options in ((source, {"clean.retain_hours": 1.0}), (target, {})):  # the feed's retention: an hour
+        mt.Table.create(path, MODEL_SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2), options=options)
+    env = {**os.environ, "PYTHONPATH": ROOT_DIR}
+
+    logs = []
+
+    def child(*args: str, **extra: str) -> subprocess.Popen:
+        logs.append(tmp_path / f"child-{len(logs)}.log")
+        with open(logs[-1], "w") as out:  # a file, not a pipe: Spark's logging would fill a pipe and block
+            return subprocess.Popen([sys.executable, "-m", "tests.metatable.change_stream_child", *args],
+                                    cwd=ROOT_DIR, env={**env, **extra}, stdout=out, stderr=out)
+
+    def log_of(process: subprocess.Popen) -> str:
+        return logs[-1].read_text()[-3000:] if process.args else ""
+
+    def wait_for(condition, process: subprocess.Popen) -> None:
+        deadline = time.time() + 120
+        while not condition():
+            assert process.poll() is None and time.time() < deadline, log_of(process)
+            time.sleep(0.2)
+
+    def target_commits() -> int:
+        return sum(1 for i in mt.Table.open(target).timeline() if i.is_completed)
+
+    mt.Table.open(source).upsert(pa.Table.from_pylist([{"id": i, "p": "ab"[i % 2], "v": "first", "ts": 0}
+                                                       for i in range(40)], schema=MODEL_SCHEMA))
+    query = child("copy", source, target, checkpoint)
+    wait_for(lambda: target_commits() >= 1, query)  # the first batch: the snapshot
+    stop = tmp_path / "stop"
+    writers = [child("write", source, str(seed), str(stop)) for seed in range(3)]
+    wait_for(lambda: target_commits() >= 3, query)
+    query.kill()  # SIGKILL, mid-run
+    query.wait()
+    before = target_commits()
+    query = child("copy", source, target, checkpoint, METATABLE_CRASH_AT="stream.batch.written:2")
+    assert query.wait(timeout=180) == -signal.SIGKILL, log_of(query)
+    assert target_commits() > before
+    assert all(writer.poll() is None for writer in writers), "the writers wrote throughout"
+    stop.touch()
+    for writer in writers:
+        assert writer.wait(timeout=180) == 0, "a writer failed"
+    drained = child("copy", source, target, checkpoint, "drain")
+    assert drained.wait(timeout=300) == 0, log_of(drained)
+    expected = sort_rows(mt.Table.open(source).to_arrow().to_pylist())
+    assert expected and sort_rows(mt.Table.open(target).to_arrow().to_pylist()) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(operations=OPERATIONS, window=st.tuples(st.integers(0, 20), st.integers(0, 20)))
+def test_spark_reads_through_time_equal_the_table(spark, tmp_path, table_type, operations, window):
+    """`format("metatable")` with `as_of`, and with `start` and `end`, reads what `to_arrow` and `changes`
+    read (which the model test checks)."""
+    path = str(tmp_path / uuid.uuid4().hex[:8])
+    table = mt.Table.create(path, SCHEMA, "id", "p", table_type=table_type, options={"clean.inline": False})
+    for step, (operation, keys) in enumerate(operations):
+        data = pa.table({"id": [k for k, _ in keys], "p": [p for _, p in keys]})
+        if operation == "upsert":
+            table.upsert(data.append_column("v", pa.array([f"{step}-{k}" for k, _ in keys])).cast(SCHEMA))
+        elif operation == "delete":
+            table.delete(data)
+        elif operation in ("compact", "cluster"):
+            getattr(table, operation)()
+    times = [i.time for i in table.timeline()] or ["20000101000000000"]
+    start, end = (times[min(i, len(times) - 1)] for i in window)
+    changes = spark.read.format("metatable").option("start", start).option("end", end).load(path)
+    assert change_tuples(changes.toArrow()) == change_tuples(table.changes(start, end))
+    if table.timeline():
+        moment = between(end).isoformat()
+        snapshot = spark.read.format("metatable").option("as_of", moment).load(path)
+        assert rows_of(snapshot.toArrow()) == rows_of(table.to_arrow(as_of=moment))
