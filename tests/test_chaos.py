@@ -13,10 +13,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ["mor-bucket", "mor-consistent-hashing", "cow-bloom", "mor-record"]
+ON_THE_RGW = ["mor-consistent-hashing", "cow-bloom"]  # both table types, the most moving parts: the suite's time
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config,lake", [(c, "local") for c in CONFIGS] + [(c, "s3") for c in ON_THE_RGW],
+                         indirect=["lake"])
 def test_everything_at_once_with_kills(config, lake, tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--configs", config,
                            "--seconds", "20", "--kill-every", "1,2", "--workdir", str(tmp_path),

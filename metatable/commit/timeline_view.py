@@ -83,8 +83,9 @@ class TimelineView:
             why = "before the table's first commit" if found is None else "a clean removed files of that snapshot"
             since = "its first commit" if self.readable_from == BOOTSTRAP_TIME else self.readable_from
             raise SnapshotExpiredError(
-                f"cannot read {self.timeline.root} as of {moment}: {why}; times from {since} on are readable (the "
-                f"latest commit is {self.latest}). clean.retain_commits sets how many commits stay readable")
+                f"cannot read {self.timeline.root} as of {moment}: {why}; snapshots as of {since} or later are readable (the "
+                f"latest commit is {self.latest}). clean.retain_commits and clean.retain_hours set how long commits "
+                "stay readable")
         return found
 
     def instant_at(self, time: str) -> str | None:

@@ -208,7 +208,7 @@ def test_as_of_takes_instants_iso_strings_datetimes_and_dates(tmp_path):
     assert table.to_arrow(as_of=dt.date(2999, 1, 1))["v"].to_pylist() == ["y"]
     assert table.get(pa.table({"id": [1]}), as_of=first)["v"].to_pylist() == ["x"]
     assert second > first
-    with pytest.raises(SnapshotExpiredError, match="before the table's first commit; times from its first commit"):
+    with pytest.raises(SnapshotExpiredError, match="first commit; snapshots as of its first commit or later"):
         table.to_arrow(as_of=dt.date(2001, 1, 1))
     with pytest.raises(InvalidInputError, match="is not a moment"):
         table.to_arrow(as_of="yesterday")

@@ -335,9 +335,9 @@ def model_of(table: mt.Table, journals: list[str]) -> tuple[TableModel, list[dic
 
 @pytest.mark.slow
 @pytest.mark.parametrize("table_type,index,updates,lake", [
-    ("merge_on_read", "bloom", "reject", "local"), ("merge_on_read", "bloom", "abort_clustering", "local"),
-    ("copy_on_write", "bloom", "reject", "local"), ("merge_on_read", "bucket", "reject", "local"),
-    ("merge_on_read", "bloom", "abort_clustering", "s3")], indirect=["lake"])
+    ("merge_on_read", "bloom", "reject", "local"), ("copy_on_write", "bloom", "reject", "local"),
+    ("merge_on_read", "bucket", "reject", "local"), ("merge_on_read", "bloom", "abort_clustering", "s3")],
+    indirect=["lake"])  # abort_clustering on the RGW only: the storage matters less than the suite's time
 def test_writers_keep_writing_while_another_process_clusters(lake, tmp_path, table_type, index, updates):
     """Two writer processes upsert in a loop (each its own partition) while a third clusters repeatedly:
     nothing committed is lost or duplicated; every writer failure is the named reject error (none with

@@ -66,14 +66,14 @@ def model_by_completion(table: mt.Table, journals: list[str]) -> TableModel:
 
 
 @pytest.mark.slow
-def test_four_merge_on_read_writers_for_40_seconds(lake, tmp_path):
-    """Four processes upsert overlapping keys into one (initially empty) bucket table for 40 s, with inline
+def test_four_merge_on_read_writers_for_30_seconds(lake, tmp_path):
+    """Four processes upsert overlapping keys into one (initially empty) bucket table for 30 s, with inline
     compactions and cleans: no write fails, and the snapshot equals the model in which the greatest ordering
     value wins and ties go to the later completed commit. On both storages."""
     root = lake / "t"
     mt.Table.create(root, SCHEMA, "id", "p", "ts", table_type="merge_on_read", index=mt.IndexConfig(num_buckets=3),
                     options={"compaction.inline_every": 6, "clean.retain_commits": 4})
-    deadline = time.time() + 40
+    deadline = time.time() + 30
     journals = [str(tmp_path / f"journal-{i}") for i in range(4)]
     procs = [child("nbcc_writer_child", root, journals[i], str(i), str(deadline)) for i in range(4)]
     for proc in procs:
@@ -81,7 +81,7 @@ def test_four_merge_on_read_writers_for_40_seconds(lake, tmp_path):
         assert code == 0, err
     table = mt.Table.open(root)
     commits = sum(1 for path in journals for _ in open(path))
-    assert commits >= 30, f"only {commits} commits in 40 s"
+    assert commits >= 24, f"only {commits} commits in 30 s"
     model = model_by_completion(table, journals)
     assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
     check_metadata(table)
@@ -92,9 +92,8 @@ def test_four_merge_on_read_writers_for_40_seconds(lake, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("table_type,scope,lake", [
-    ("merge_on_read", "partition", "local"), ("merge_on_read", "global", "local"),
-    ("copy_on_write", "partition", "local"), ("copy_on_write", "global", "local"),
-    ("merge_on_read", "partition", "s3"), ("copy_on_write", "global", "s3")], indirect=["lake"])
+    ("merge_on_read", "global", "local"), ("copy_on_write", "partition", "local"),
+    ("merge_on_read", "partition", "s3"), ("copy_on_write", "global", "s3")], indirect=["lake"])  # each kind once
 def test_bloom_writers_never_store_a_new_key_twice(lake, table_type, scope):
     """3 processes insert the same 200 new keys at once, 10 trials: every key is stored once, and every
     process either commits or fails with the named conflict. On the RGW too (two of the four kinds, 5 trials:
