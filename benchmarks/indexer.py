@@ -132,6 +132,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale-factor", type=float, default=1.0)
     ap.add_argument("--workdir", default="bench-data")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="medians of this many (1: the suite's smoke run)")
     args = ap.parse_args()
     data = lineitem(generate_lineitem(args.workdir, args.scale_factor))
     root = os.path.join(args.workdir, f"indexer-sf{args.scale_factor:g}")
@@ -153,9 +154,9 @@ def main() -> None:
                  seconds=round(build(target, partition, session), 2))
             if partition != "record_index" or engine != "in_process":
                 shutil.rmtree(target)
-        rounds = [writer_during_indexing(root, partition, batch) for _ in range(ROUNDS)]
+        rounds = [writer_during_indexing(root, partition, batch) for _ in range(args.rounds)]
         without, during = (statistics.median(r[i] for r in rounds) for i in (0, 1))
-        emit(step="writer", partition=partition, rows=batch.num_rows, rounds=ROUNDS,
+        emit(step="writer", partition=partition, rows=batch.num_rows, rounds=args.rounds,
              seconds_without=round(without, 2), seconds_during=round(during, 2), ratio=round(without / during, 3),
              target=0.8)
 
@@ -170,10 +171,11 @@ def main() -> None:
         pq.write_table(keys, keys_path)
         fresh_lookup(indexed, keys_path, "index")  # the SST cache is on disk: the first process fills it
         runs = [(fresh_lookup(indexed, keys_path, "index"), fresh_lookup(indexed, keys_path, "metadata"))
-                for _ in range(ROUNDS)]
+                for _ in range(args.rounds)]
         assert all(r["found"] == b["found"] == present for r, b in runs), runs
         record, bloom = (statistics.median(run[i]["seconds"] for run in runs) for i in (0, 1))
-        emit(step="lookup", keys=n, rounds=ROUNDS, record_index_seconds=round(record, 4), index=runs[0][0]["index"],
+        emit(step="lookup", keys=n, rounds=args.rounds, record_index_seconds=round(record, 4),
+             index=runs[0][0]["index"],
              bloom_path_seconds=round(bloom, 4), speedup=round(bloom / record, 1),
              target_seconds=0.05 if n == 1_000 else 0.5)
     spark.stop()

@@ -26,7 +26,7 @@ BENCHMARKS = [
     ("lookup.py", ["--scale-factor", SF, "--buckets", "2"]),
     ("clustering.py", ["--scale-factor", SF, "--commits", "5"]),
     ("resize.py", ["--scale-factor", SF, "--target-mb", "0.5"]),
-    ("indexer.py", ["--scale-factor", SF]),
+    ("indexer.py", ["--scale-factor", SF, "--rounds", "1"]),
     ("upsert.py", ["--scale-factor", SF, "--buckets", "2", "--only", "metatable,delta", "--indexes", "bucket"]),
     ("changes.py", ["--scale-factors", SF]),
     ("long_life.py", ["--commits", "120", "--every", "60", "--rows", "2000"]),  # archives: 60 instants by default
