@@ -216,16 +216,21 @@ def test_the_server_killed_in_the_middle_of_a_commit(rgw, down_s):
     """The gateway is SIGKILLed while a writer is between its metadata deltacommit and its commit point, and
     restarted: after 1 s the writer's retries carry it through and it commits; after 8 s (past the writer's
     retry budget, 5 s here) it fails with a StorageError, nothing of it is visible, and the next writer rolls
-    it back."""
+    it back. The writer stops itself (SIGSTOP) at that point and is continued once the gateway is down: a
+    writer that reached it late (a slow start) once outlived the outage and committed."""
     root = f"s3://tests/restart-{time.time_ns()}"
     options = {"lock.lease_s": 2.0, "heartbeat.interval_s": 0.2, "heartbeat.tolerable_misses": 3}
     table = mt.Table.create(root, SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2), options=options)
     first = [{"id": i, "p": "a", "v": "first", "ts": 1} for i in range(10)]
     table.upsert(pa.Table.from_pylist(first, schema=SCHEMA))
     during = [{"id": 1, "p": "a", "v": "during", "ts": 5}]
-    writer = act(root, "upsert", during, METATABLE_PAUSE_AT="table.commit:3", METATABLE_RETRY_TIMEOUT_S="5")
-    time.sleep(2.0)
+    writer = act(root, "upsert", during, METATABLE_STOP_AT="table.commit", METATABLE_RETRY_TIMEOUT_S="5")
+    deadline = time.monotonic() + 60
+    while not stopped(writer.pid):
+        assert writer.poll() is None and time.monotonic() < deadline, writer.communicate()
+        time.sleep(0.05)
     rgw.stop_gateway()
+    os.kill(writer.pid, signal.SIGCONT)
     time.sleep(down_s)
     rgw.start_gateway()
     code, out, err = finished(writer, timeout=300)
