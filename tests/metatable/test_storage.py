@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 import pyarrow as pa
@@ -162,10 +163,7 @@ def test_a_writer_paused_past_its_lease_fails_and_the_table_equals_the_model(rgw
     table.upsert(pa.Table.from_pylist(first, schema=SCHEMA))
     paused = act(root, "upsert", [{"id": 1, "p": "a", "v": "paused", "ts": 5}], {"write.conflict_retries": 0},
                  METATABLE_STOP_AT="table.commit")
-    deadline = time.monotonic() + 60
-    while not stopped(paused.pid):
-        assert paused.poll() is None and time.monotonic() < deadline, paused.communicate()
-        time.sleep(0.05)
+    wait_until_stopped(paused)
     started = time.monotonic()
     other = act(root, "upsert", [{"id": 2, "p": "a", "v": "other", "ts": 5}])
     code, out, err = finished(other)
@@ -186,6 +184,14 @@ def test_a_writer_paused_past_its_lease_fails_and_the_table_equals_the_model(rgw
 def stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def wait_until_stopped(process: subprocess.Popen) -> None:
+    """Until a child that `METATABLE_STOP_AT` stops is stopped (it must not exit first)."""
+    deadline = time.monotonic() + 60
+    while not stopped(process.pid):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
 
 
 def test_a_fenced_decision_whose_holder_died_is_rolled_forward_by_the_next(rgw):
@@ -225,10 +231,7 @@ def test_the_server_killed_in_the_middle_of_a_commit(rgw, down_s):
     table.upsert(pa.Table.from_pylist(first, schema=SCHEMA))
     during = [{"id": 1, "p": "a", "v": "during", "ts": 5}]
     writer = act(root, "upsert", during, METATABLE_STOP_AT="table.commit", METATABLE_RETRY_TIMEOUT_S="5")
-    deadline = time.monotonic() + 60
-    while not stopped(writer.pid):
-        assert writer.poll() is None and time.monotonic() < deadline, writer.communicate()
-        time.sleep(0.05)
+    wait_until_stopped(writer)
     rgw.stop_gateway()
     os.kill(writer.pid, signal.SIGCONT)
     time.sleep(down_s)
