@@ -334,16 +334,19 @@ class StreamSink:
     the query died before its checkpoint did) is skipped. One running query per stream name.
 
     A change feed mixes upserts and deletes: with `operation_column`, each micro-batch is one
-    `Table.apply_changes` (a row whose column holds one of `delete_values` deletes its key)."""
+    `Table.apply_changes` (a row whose column holds one of `delete_values` deletes its key), in the order of
+    `sequence_by` where given (a `readStream.format("metatable")` feed: `["_commit_instant", "_commit_seq"]`)."""
 
     def __init__(self, path: str, stream: str, operation: str = "upsert", schema_mode: str | None = None,
                  operation_column: str | None = None, delete_values: Sequence[Any] = DELETE_VALUES,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, sequence_by: Sequence[str] = ()) -> None:
         if operation not in OPERATIONS:
             raise ConfigError(f"operation {operation!r} is not one of {list(OPERATIONS)}")
         if operation_column is not None and (operation != "upsert" or schema_mode is not None):
             raise ConfigError("a StreamSink with an operation_column upserts and deletes as each row says: give "
                               "neither operation nor schema_mode")
+        if sequence_by and operation_column is None:
+            raise ConfigError("sequence_by orders a change feed's rows: it needs operation_column")
         self.path = path
         self.storage = storage_for(path, storage_options)  # an s3:// URL's: resolved once, on the driver
         self.stream = stream
@@ -351,12 +354,14 @@ class StreamSink:
         self.schema_mode = schema_mode  # "merge": a batch's new columns are added to the table
         self.operation_column = operation_column
         self.delete_values = tuple(delete_values)
+        self.sequence_by = tuple(sequence_by)
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         table = Table.open(self.path, storage=self.storage)
         txn = Txn(self.stream, int(batch_id))
         if self.operation_column is not None:
-            result = table.apply_changes(batch, self.operation_column, self.delete_values, txn=txn)
+            result = table.apply_changes(batch, self.operation_column, self.delete_values, txn=txn,
+                                         sequence_by=self.sequence_by)
         elif self.operation == "delete":
             result = table.delete(batch, txn=txn)
         else:

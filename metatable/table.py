@@ -172,12 +172,17 @@ class Table:
 
     @writes
     def apply_changes(self, data: Any, operation_column: str = "op", delete_values: Sequence[Any] = DELETE_VALUES,
-                      txn: Txn | None = None) -> WriteResult:
+                      txn: Txn | None = None, sequence_by: Sequence[str] = ()) -> WriteResult:
         """A change feed's batch in one commit: a row whose `operation_column` is one of `delete_values`
         deletes its key, any other row upserts it (the column itself is not stored). A key that comes more than
         once takes its newest row by the ordering field, a delete like any other (give delete rows their
-        ordering value: a null one loses). `data`: a pyarrow Table or a Spark DataFrame."""
-        return self._write(flagged(data, operation_column, delete_values), "merge", txn)
+        ordering value: a null one loses). `sequence_by`: the feed's columns that order its rows (not stored;
+        metatable's own feed: `["_commit_instant", "_commit_seq"]`): a record takes its last row, and one
+        deleted and inserted again in the batch replaces the stored row whatever its ordering value, as it did
+        where the feed comes from. `data`: a pyarrow Table or a Spark DataFrame."""
+        config = self.config
+        identity = [*config.record_key, *([] if config.keys_unique_across_partitions else config.partition_by)]
+        return self._write(flagged(data, operation_column, delete_values, sequence_by, identity), "merge", txn)
 
     @writes
     def merge(self, source: Any, matched_update: Any = None, matched_delete: Any = None,

@@ -21,6 +21,7 @@ INDEX_SCOPES = ("partition", "global")
 
 KEY_COLUMN = "_mt_record_key"     # stored in every data file
 DELETED_COLUMN = "_mt_is_deleted"  # stored in merge-on-read log blocks
+RESET_COLUMN = "_mt_resets"  # a write's flag, not stored: the row replaces its key's versions, whatever their order
 META_COLUMNS = (KEY_COLUMN, DELETED_COLUMN)
 CREATED = ""  # in `TableConfig.schema_versions`, the time of the schema the table was created with
 

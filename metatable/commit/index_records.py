@@ -186,7 +186,9 @@ def live_keys(storage: Storage, paths: TablePaths, config: TableConfig, fs: File
         return pa.array([], pa.string()), np.zeros(0, np.int64)
     table = pa.concat_tables(parts)
     if len(parts) > 1:
-        table = table.take(pc.sort_indices(table, [("key", "ascending"), ("seq", "descending")]))
+        # a log that deletes a key and writes it again (a reset) leaves it live: its row sorts before its delete
+        table = table.take(pc.sort_indices(table, [("key", "ascending"), ("seq", "descending"),
+                                                   ("deleted", "ascending")]))
         keys = table["key"].combine_chunks()
         first = np.ones(len(keys), dtype=bool)
         first[1:] = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).to_numpy(zero_copy_only=False)

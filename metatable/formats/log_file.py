@@ -143,12 +143,12 @@ class LogBlock:
 
 def write_container(storage: Storage, path: str, schema: Any, records: Iterable[dict[str, Any]], count: int,
                     meta: dict[str, str]) -> int:
-    """An Avro container file whose header says how many records it holds; published atomically. Returns its
-    size."""
+    """An Avro container file whose header says how many records it holds (a data log: durable from the commit
+    that makes it part of the table, `Storage.sync`); published atomically. Returns its size."""
     buf = io.BytesIO()
     fastavro.writer(buf, schema, records, metadata={**meta, "metatable.count": str(count)}, codec="null",
                     sync_interval=1 << 20)
-    storage.write_atomic(path, buf.getvalue(), immutable=True)
+    storage.write_atomic(path, buf.getvalue(), immutable=True, durable=False)
     return buf.tell()
 
 

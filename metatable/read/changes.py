@@ -10,6 +10,9 @@ gives
   then the row as of end.
 A record updated several times in the window gives one pre-image (from before the window) and one
 post-image (at its end); one inserted and deleted in the window, or changed and changed back, gives nothing.
+One present at both ends that a write of the window deleted gives a `delete` (its row as of start, at the
+first such write) and an `insert` (as of end): its row's ordering value may be smaller than before, so a
+copy that applies the feed (`apply_changes(sequence_by=)`) must delete first.
 `_commit_instant` is the latest write in the window that wrote the record; `_commit_seq` numbers the
 changes of one instant (an update's two images share one), in the order of partition path and key.
 
@@ -42,6 +45,7 @@ from metatable.commit.timeline_view import TimelineView
 from metatable.errors import InvalidInputError, SnapshotExpiredError
 from metatable.file_group.base_file import PARQUET, BaseFile
 from metatable.file_group.file_slice import parse_names
+from metatable.file_group.record_merge import loses
 from metatable.file_group.slice_reader import read_base
 from metatable.formats.data_log import read_data_log
 from metatable.formats.log_file import LogFile
@@ -167,8 +171,9 @@ def written_records(context: TableContext, view: TimelineView, w: Window, filter
                     partitions: Collection[str] | None = None) -> pa.Table:
     """Every record a write of the window wrote (in `partitions`, when given), once: key, partition (null
     where keys are unique across partitions: a key names its record), and as int64 instants `written`, the
-    last write that wrote a row of it (-1: none did), and `deleted`, the first delete after that (NEVER: none):
-    the write that made its state as of end, whichever that state is."""
+    last write that wrote a row of it (-1: none did), `deleted`, the first delete after that (NEVER: none):
+    the write that made its state as of end, whichever that state is, and `dropped`, the first delete at or
+    before `written` (NEVER: none): a record present at start and at end was deleted and inserted again."""
     config = view.config
     storage, paths = context.storage, context.paths
     files = [(int(time), *relative.rpartition("/")[::2])
@@ -202,17 +207,20 @@ def written_records(context: TableContext, view: TimelineView, w: Window, filter
                                                               every["partition"]), value_set=ids))
     after_it = pc.and_(every["deleted"], pc.greater(every["instant"], last_live))
     every = every.append_column("gone", pc.if_else(after_it, every["instant"], NEVER))
-    out = every.group_by(by).aggregate([("live", "max"), ("gone", "min")])
+    every = every.append_column("dropped", pc.if_else(pc.and_(every["deleted"], pc.invert(after_it)),
+                                                      every["instant"], NEVER))
+    out = every.group_by(by).aggregate([("live", "max"), ("gone", "min"), ("dropped", "min")])
     if unique:
         out = out.append_column("partition", pa.nulls(out.num_rows, pa.string()))
-    return out.rename_columns({"live_max": "written", "gone_min": "deleted"})
+    return out.rename_columns({"live_max": "written", "gone_min": "deleted", "dropped_min": "dropped"})
 
 
 def rewritten_keys(context: TableContext, view: TimelineView, partition: str, name: str,
                    names: Collection[str]) -> pa.Table:
     """The keys whose rows a base file changed against the previous base of its file group (among `names`,
     the partition's files), with a delete flag as a log's: all of its keys in a new file group; in a rewritten
-    one, those added or with other values, and those removed (deleted)."""
+    one, those added or with other values, those removed (deleted), and those whose ordering value went down
+    (deleted and written again: no write lowers it otherwise)."""
     config = view.config
     bases, _ = parse_names(names, PARQUET)
     new = BaseFile.parse(name)
@@ -229,10 +237,15 @@ def rewritten_keys(context: TableContext, view: TimelineView, partition: str, na
     at = pc.index_in(after[KEY_COLUMN], value_set=before[KEY_COLUMN].combine_chunks())
     matched = np.asarray(pc.is_valid(at).to_numpy(zero_copy_only=False), dtype=bool)
     differs = ~matched
-    differs[matched] = rows_differ(after.filter(pa.array(matched)), before.take(at.filter(pc.is_valid(at))))
+    kept, was = after.filter(pa.array(matched)), before.take(at.filter(pc.is_valid(at)))
+    differs[matched] = rows_differ(kept, was)
+    reset = np.zeros(len(differs), dtype=bool)
+    if config.ordering_field:  # a smaller ordering value than before: the write deleted the record first
+        reset[matched] = loses(kept[config.ordering_field], was[config.ordering_field])
     changed = after[KEY_COLUMN].filter(pa.array(differs))
     removed = before[KEY_COLUMN].filter(pc.invert(pc.is_in(before[KEY_COLUMN],
                                                            value_set=after[KEY_COLUMN].combine_chunks())))
+    removed = pa.chunked_array([*removed.chunks, *after[KEY_COLUMN].filter(pa.array(reset)).chunks], pa.string())
     return pa.table({KEY_COLUMN: pa.chunked_array([*changed.chunks, *removed.chunks], pa.string()),
                      DELETED_COLUMN: np.concatenate([np.zeros(len(changed), bool), np.ones(len(removed), bool)])})
 
@@ -247,17 +260,22 @@ def change_records(config: TableConfig, written: pa.Table, before: pa.Table, aft
     both = np.flatnonzero(was & now)
     b_at = np.asarray(before_at.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
     a_at = np.asarray(after_at.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-    updated = both[rows_differ(before.take(b_at[both]), after.take(a_at[both]))] if len(both) else both
+    differ = both[rows_differ(before.take(b_at[both]), after.take(a_at[both]))] if len(both) else both
+    live = np.asarray(written["written"].to_numpy(), dtype=np.int64)
+    gone = np.asarray(written["deleted"].to_numpy(), dtype=np.int64)
+    dropped = np.asarray(written["dropped"].to_numpy(), dtype=np.int64)
+    reborn = differ[dropped[differ] != NEVER]  # deleted and inserted again: a delete, then an insert
+    updated = differ[dropped[differ] == NEVER]
     inserted, deleted = np.flatnonzero(~was & now), np.flatnonzero(was & ~now)
-    events = np.concatenate([inserted, deleted, updated])
-    kinds = np.concatenate([np.zeros(len(inserted), np.int8), np.ones(len(deleted), np.int8),
-                            np.full(len(updated), 2, np.int8)])
-    # each event's sequence number within its instant, in the order of partition path and key
-    live = np.asarray(written["written"].to_numpy(), dtype=np.int64)[events]
-    gone = np.asarray(written["deleted"].to_numpy(), dtype=np.int64)[events]
-    instants = np.where((kinds == 1) & (gone != NEVER), gone, live)  # deleted: by the write that deleted it
-    order = pc.sort_indices(pa.table({"i": instants, "id": candidates.take(pa.array(events))}),
-                            sort_keys=[("i", "ascending"), ("id", "ascending")]).to_numpy()
+    deleted_at = np.where(gone[deleted] != NEVER, gone[deleted], live[deleted])  # by the write that deleted
+    events = np.concatenate([inserted, reborn, deleted, reborn, updated])
+    kinds = np.repeat(np.array([0, 0, 1, 1, 2], np.int8), [len(inserted), len(reborn), len(deleted), len(reborn),
+                                                           len(updated)])
+    instants = np.concatenate([live[inserted], live[reborn], deleted_at, dropped[reborn], live[updated]])
+    # each event's sequence number within its instant, in the order of partition path and key (a record one
+    # write deleted and wrote again, `apply_changes(sequence_by=)`: its delete, then its insert)
+    order = pc.sort_indices(pa.table({"i": instants, "id": candidates.take(pa.array(events)), "ins": kinds == 0}),
+                            sort_keys=[("i", "ascending"), ("id", "ascending"), ("ins", "ascending")]).to_numpy()
     events, kinds, instants = events[order], kinds[order], instants[order]
     seq = np.arange(len(events)) - np.searchsorted(instants, instants, side="left")
     # the output rows: an update gives its pre-image, then its post-image

@@ -2,7 +2,9 @@
 and per-file-group statistics."""
 from __future__ import annotations
 
+import collections
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -12,6 +14,7 @@ from indexes.keys import column_stats_key
 
 from metatable.commit.context import TableContext
 from metatable.commit.timeline_view import TimelineView
+from metatable.config import THREADS
 from metatable.errors import InvalidInputError
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import base_metadata, read_slice
@@ -85,17 +88,36 @@ def plan_of(view: TimelineView, filters: Filter) -> ScanPlan:
 
 
 def slice_tables(context: TableContext, plan: ScanPlan, columns: Sequence[str] | None = None,
-                 read_optimized: bool = False) -> Iterator[pa.Table]:
-    """The plan's rows, one file slice at a time: merged, filtered, projected."""
+                 read_optimized: bool = False, threads: int = 1) -> Iterator[pa.Table]:
+    """The plan's rows, one file slice at a time, in the plan's order: merged, filtered, projected. With
+    `threads`, slices are read that many at a time, up to twice as many ahead of the caller (decoding,
+    merging and filtering release the GIL); with one, a slice is read when the caller gets to it (a stream
+    holds one slice, not the table)."""
     out, config = plan.projected(columns)
-    for fs in plan.slices:
+
+    def read(fs: FileSlice) -> pa.Table:
         rows = read_slice(context.storage, context.paths, config, fs, read_optimized)
-        yield (rows.filter(row_mask(rows, plan.filters)) if plan.filters else rows).select(out.names)
+        return (rows.filter(row_mask(rows, plan.filters)) if plan.filters else rows).select(out.names)
+
+    if threads < 2 or len(plan.slices) < 2:
+        yield from map(read, plan.slices)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="metatable-read") as pool:
+        ahead: collections.deque[Future[pa.Table]] = collections.deque()
+        for fs in plan.slices:
+            ahead.append(pool.submit(read, fs))
+            if len(ahead) > 2 * threads:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
 
 
 def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False,
              columns: Sequence[str] | None = None) -> pa.Table:
-    tables = list(slice_tables(context, plan, columns, read_optimized))
+    """The plan's rows, its slices read THREADS at a time: a full read of the workload benchmark's 480 slices
+    (1.69M rows, four logs each) took 1.88 s on one thread, 1.42 s on two (best of three; the per-slice
+    Python work holds the GIL)."""
+    tables = list(slice_tables(context, plan, columns, read_optimized, THREADS))
     return pa.concat_tables(tables) if tables else plan.projected(columns)[0].empty_table()
 
 

@@ -69,9 +69,11 @@ class Storage(Protocol):
         alone (never by comparing this machine's clock with another's)."""
 
     # -- writing ------------------------------------------------------------------------------------
-    def write_atomic(self, path: str, data: bytes, immutable: bool = False) -> None:
+    def write_atomic(self, path: str, data: bytes, immutable: bool = False, durable: bool = True) -> None:
         """Write or replace a file: readers see the old file or the whole new one, never a torn one
-        (`immutable` as for `read`: this process may keep the bytes)."""
+        (`immutable` as for `read`: this process may keep the bytes). `durable=False`: a file that only a
+        commit makes part of the table (a data file, its marker) is durable from the next `sync`, which every
+        commit point makes first, instead of on its own."""
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Create `path` with `data` only if it does not exist; False if it did."""
     def staging_path(self, path: str) -> str:
@@ -80,6 +82,8 @@ class Storage(Protocol):
         """Put a staged file in place as `path` atomically; returns its size."""
     def move(self, source: str, target: str) -> None:
         """A published file under another name (a rename on a file system; a copy, then a delete, on a store)."""
+    def sync(self, path: str) -> None:
+        """Make every file written to the storage that holds `path` durable (before a commit point)."""
     def delete(self, path: str) -> None:
         """Delete a file (nothing when it is absent)."""
     def delete_many(self, paths: Sequence[str]) -> None: ...

@@ -398,10 +398,13 @@ class ObjectStorage:
         return {name: max(now - modified, 0.0) for name, modified in times.items()}
 
     # -- writing ------------------------------------------------------------------------------------
-    def write_atomic(self, path: str, data: bytes, immutable: bool = False) -> None:
+    def write_atomic(self, path: str, data: bytes, immutable: bool = False, durable: bool = True) -> None:
         self._call("PUT", path, obstore.put, self.key(path), data, use_multipart=False)
         if immutable:  # a writer reads what it wrote (the next write into a file group reads its logs)
             self._immutable.put(path, data)
+
+    def sync(self, path: str) -> None:
+        """Nothing: a PUT is durable when it returns."""
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Retried here, not by obstore, for `retry_timeout_s`: a repeat of a create whose answer was lost finds

@@ -22,9 +22,10 @@ LONG = "~"  # outside the URL-safe base64 alphabet: no encoded name starts with 
 def mark(storage: Storage, paths: TablePaths, instant: str, relative_path: str) -> None:
     encoded = base64.urlsafe_b64encode(relative_path.encode()).decode()
     if len(encoded) <= NAME_LIMIT:
-        storage.write_atomic(os.path.join(paths.markers(instant), encoded), b"")
+        storage.write_atomic(os.path.join(paths.markers(instant), encoded), b"", durable=False)
     else:
-        storage.write_atomic(os.path.join(paths.markers(instant), LONG + uuid.uuid4().hex), relative_path.encode())
+        storage.write_atomic(os.path.join(paths.markers(instant), LONG + uuid.uuid4().hex), relative_path.encode(),
+                             durable=False)
 
 
 def marked_files(storage: Storage, paths: TablePaths, instant: str) -> list[str]:

@@ -284,6 +284,8 @@ class Timeline:
         else:
             data = json.dumps(content, sort_keys=True).encode()
         path = os.path.join(self.dir, instant.file_name)
+        if instant.is_completed:  # what the instant wrote is durable before it is committed
+            self.storage.sync(self.dir)
         created = self.lock.fence(path, data) if instant.is_completed else self.storage.create_exclusive(path, data)
         if not created:
             raise TimelineError(f"timeline file {path} exists already: another process made the same transition of "

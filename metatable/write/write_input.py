@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from indexes.arrow_keys import NULL_PARTITION
 
 from metatable.errors import InvalidInputError
-from metatable.table_config import DELETED_COLUMN, TableConfig
+from metatable.table_config import DELETED_COLUMN, RESET_COLUMN, TableConfig
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -173,7 +173,8 @@ def conformed_schema(source: pa.Schema, config: TableConfig, operation: str) -> 
     if missing:
         raise InvalidInputError(f"the data lacks columns {missing} that the table needs for {operation}")
     if operation != "delete":
-        extra = [c for c in source.names if c not in schema.names and not (operation == "merge" and c == DELETED_COLUMN)]
+        flags = (DELETED_COLUMN, RESET_COLUMN) if operation == "merge" else ()
+        extra = [c for c in source.names if c not in schema.names and c not in flags]
         if extra:
             raise InvalidInputError(f"the data has columns {extra} that the table does not "
                                     f"(table columns: {schema.names}); select the table's columns, add them "
@@ -189,6 +190,8 @@ def conformed_schema(source: pa.Schema, config: TableConfig, operation: str) -> 
         if DELETED_COLUMN not in source.names:
             raise InvalidInputError(f"a write of upserts and deletes needs the column {DELETED_COLUMN}")
         target = target.append(pa.field(DELETED_COLUMN, pa.bool_()))
+        if RESET_COLUMN in source.names:  # a change feed applied in its own order (`change_feed`)
+            target = target.append(pa.field(RESET_COLUMN, pa.bool_()))
     return target
 
 

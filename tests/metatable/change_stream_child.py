@@ -46,9 +46,10 @@ def write(root: str, seed: int, stop_file: str) -> None:
 def copy(source: str, target: str, checkpoint: str, drain: bool) -> None:
     spark = mt.spark_session(master="local[2]", shuffle_partitions=2)
     changes = spark.readStream.format("metatable").option("start", "earliest").load(source) \
-        .where("_change_type != 'update_preimage'").drop("_commit_instant", "_commit_seq")
-    query = changes.writeStream.foreachBatch(
-        mt.StreamSink(target, "copy", operation_column="_change_type", delete_values=["delete"])) \
+        .where("_change_type != 'update_preimage'")
+    sink = mt.StreamSink(target, "copy", operation_column="_change_type", delete_values=["delete"],
+                         sequence_by=["_commit_instant", "_commit_seq"])  # the source's order, not the `ts`
+    query = changes.writeStream.foreachBatch(sink) \
         .option("checkpointLocation", checkpoint).trigger(processingTime="500 milliseconds").start()
     if not drain:
         query.awaitTermination()

@@ -15,19 +15,21 @@ LOG_SCHEMA = SCHEMA.append(pa.field(DELETED_COLUMN, pa.bool_()))
 
 keys = st.sampled_from([f"k{i}" for i in range(8)])
 version = st.fixed_dictionaries({"ts": st.one_of(st.none(), st.integers(0, 3)), "v": st.text(max_size=2),
-                                 DELETED_COLUMN: st.booleans()})
-# a part holds each key at most once, as every base file and log block does
+                                 DELETED_COLUMN: st.booleans(), "reset": st.booleans()})
+# a part holds each key at most once, as every base file and log block does, except that a log block may hold
+# a delete of a key beside its row (a change feed's record deleted and inserted again: "reset")
 part = st.dictionaries(keys, version, max_size=6)
 
 
 def model(parts: list[dict[str, dict]], ordering: str | None) -> dict[str, tuple]:
-    """Per key: the versions after its last delete; of those the greatest ordering value (nulls lowest),
-    ties going to the later part; gone when none is left."""
+    """Per key: the versions after its last delete (a reset row's part deletes it first); of those the greatest
+    ordering value (nulls lowest), ties going to the later part; gone when none is left."""
     out = {}
     for key in {k for p in parts for k in p}:
         versions = [(seq, p[key]) for seq, p in enumerate(parts) if key in p]
-        last_delete = max((seq for seq, row in versions if row[DELETED_COLUMN]), default=-1)
-        alive = [(seq, row) for seq, row in versions if seq > last_delete]
+        last_delete = max((seq for seq, row in versions if row[DELETED_COLUMN] or row["reset"]), default=-1)
+        alive = [(seq, row) for seq, row in versions if not row[DELETED_COLUMN] and (
+            seq > last_delete or (seq == last_delete and row["reset"]))]
         if alive:
             def rank(item):
                 seq, row = item
@@ -44,6 +46,8 @@ def as_tables(parts: list[dict[str, dict]], shuffle: Random | None = None) -> li
     tables = []
     for i, p in enumerate(parts):
         rows = [{KEY_COLUMN: k, **r} for k, r in sorted(p.items())]
+        rows += [{KEY_COLUMN: r[KEY_COLUMN], DELETED_COLUMN: True} for r in rows
+                 if r["reset"] and not r[DELETED_COLUMN]]
         if i and shuffle:
             shuffle.shuffle(rows)
         if i == 0:
@@ -57,7 +61,7 @@ def as_tables(parts: list[dict[str, dict]], shuffle: Random | None = None) -> li
 @settings(max_examples=400, deadline=None)
 @given(parts=st.lists(part, min_size=1, max_size=4), ordered=st.booleans(), shuffle=st.none() | st.randoms())
 def test_merge_equals_the_model(parts, ordered, shuffle):
-    parts[0] = {k: {**r, DELETED_COLUMN: False} for k, r in parts[0].items()}  # a base holds no deletes
+    parts[0] = {k: {**r, DELETED_COLUMN: False, "reset": False} for k, r in parts[0].items()}  # no deletes
     ordering = "ts" if ordered else None
     merged = merge_versions(as_tables(parts, shuffle), ordering, SCHEMA)
     got = {r[KEY_COLUMN]: (r["ts"], r["v"]) for r in merged.to_pylist()}
