@@ -125,8 +125,7 @@ def log_columns(storage: Storage, path: str, schema: pa.Schema) -> pa.Table:
     is read again). Every write into a file group reads the keys of its logs: the workload benchmark's
     batches, 480 file groups each, read one log more per group each time (1.6 s for the first batch, 4.2 s
     for the fourth since a compaction); kept, a batch reads only the logs the last one added."""
-    with naming_damage(path):  # a missing log is named as a read would name it
-        key = (storage, path, storage.content_version(path), schema)
+    key = (storage, path, content_version(storage, path), schema)
     rows = _LOG_COLUMNS.get(key)
     if rows is None:
         rows = read_data_log(storage, path, schema)[1]
@@ -135,6 +134,12 @@ def log_columns(storage: Storage, path: str, schema: pa.Schema) -> pa.Table:
 
 
 _LOG_COLUMNS: SizedCache[pa.Table] = SizedCache(256 << 20, lambda rows: rows.nbytes)
+
+
+def content_version(storage: Storage, path: str) -> str:
+    """What the caches here key a file by besides its path; a missing file is named as a read would name it."""
+    with naming_damage(path):
+        return storage.content_version(path)
 
 
 def read_slice(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice | None,
@@ -311,15 +316,16 @@ def base_keys_present(storage: Storage, path: str, candidates: pa.Array | pa.Chu
 def key_column(storage: Storage, path: str) -> tuple[pa.ChunkedArray, int]:
     """A base file's whole record-key column, and its bytes in the file. Arrow's threads only for several row
     groups: one column chunk decodes on one thread anyway, and the hand-off cost a small file more than the
-    read (56 SF 0.01 files: 21 -> 16 ms). On an object store the column is kept in this process (a base file is
-    never rewritten there): each upsert into a file group that tells updates from inserts read it again, a
-    request per file group (8 of a 1,000-row upsert's 85 in `benchmarks/object_store.py` at SF 0.01)."""
-    if storage.local:
-        return _read_key_column(storage, path)
-    found = _KEY_COLUMNS.get((storage, path))
+    read (56 SF 0.01 files: 21 -> 16 ms). The column is kept in this process, by the file's content version
+    (a file changed in place is read again; on an object store a name is never rewritten): each upsert into a
+    file group that tells updates from inserts read it again, a request per file group on a store (8 of a
+    1,000-row upsert's 85 in `benchmarks/object_store.py` at SF 0.01), 0.5 ms a group on a file system (a
+    workload-benchmark batch writes 480 groups)."""
+    key = (storage, path, content_version(storage, path))
+    found = _KEY_COLUMNS.get(key)
     if found is None:
         found = _read_key_column(storage, path)
-        _KEY_COLUMNS.put((storage, path), found)
+        _KEY_COLUMNS.put(key, found)
     return found
 
 
@@ -336,8 +342,36 @@ def _read_key_column(storage: Storage, path: str) -> tuple[pa.ChunkedArray, int]
 
 def log_keys(storage: Storage, paths: TablePaths, config: TableConfig,
              fs: FileSlice) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
-    """What a slice's logs say about existence: the keys they touch, and those alive after them."""
-    return keys_of_logs(log_tables(storage, paths, config, fs, [KEY_COLUMN, DELETED_COLUMN]))
+    """What a slice's logs say about existence: the keys they touch, and those alive after them. Kept in this
+    process by the logs' paths and content versions, and made from the answer for all logs but the newest
+    where that is kept: each write into a file group adds a log, and merging them all again cost a batch of
+    the workload benchmark 0.43 of its 2.8 s of file-group writes (480 groups, three logs each)."""
+    logs = [paths.file(fs.partition, lf.file_name) for lf in fs.logs]
+    versions = tuple((path, content_version(storage, path)) for path in logs)
+    found = _LOG_KEYS.get((storage, versions))
+    if found is not None:
+        return found
+    schema = pa.schema([config.log_schema.field(KEY_COLUMN), config.log_schema.field(DELETED_COLUMN)])
+    earlier = _LOG_KEYS.get((storage, versions[:-1])) if len(versions) > 1 else None
+    if earlier is None:
+        found = keys_of_logs([log_columns(storage, path, schema) for path in logs])
+    else:  # the newest log's versions supersede every earlier one of its keys
+        touched, alive = keys_of_logs([log_columns(storage, logs[-1], schema)])
+        kept = earlier[1].filter(pc.invert(pc.is_in(earlier[1], value_set=touched.combine_chunks())))
+        found = (pa.chunked_array([*earlier[0].chunks, *touched.chunks], pa.string()),
+                 pa.chunked_array([*kept.chunks, *alive.chunks], pa.string()))
+    _LOG_KEYS.put((storage, versions), found)
+    return found
+
+
+def keep_log_columns(storage: Storage, path: str, rows: pa.Table) -> None:
+    """A log just written, as `log_columns` would read it in `rows`' schema: the next write into its file
+    group reads its keys (480 such reads were 0.24 s of a workload-benchmark batch)."""
+    _LOG_COLUMNS.put((storage, path, content_version(storage, path), rows.schema), rows)
+
+
+_LOG_KEYS: SizedCache[tuple[pa.ChunkedArray, pa.ChunkedArray]] = SizedCache(
+    128 << 20, lambda found: found[0].nbytes + found[1].nbytes)
 
 
 def keys_of_logs(logs: Sequence[pa.Table]) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
