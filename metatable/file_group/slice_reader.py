@@ -123,8 +123,9 @@ def log_tables(storage: Storage, paths: TablePaths, config: TableConfig, fs: Fil
 def log_columns(storage: Storage, path: str, schema: pa.Schema) -> pa.Table:
     """A log's rows in `schema`, kept in this process (by the file's content version: a file changed in place
     is read again). Every write into a file group reads the keys of its logs: the workload benchmark's
-    batches, 480 file groups each, read one log more per group each time (1.6 s for the first batch, 4.2 s
-    for the fourth since a compaction); kept, a batch reads only the logs the last one added."""
+    batches, 480 file groups each, read one log more per group each time (1.7-2.5 s for the first batch
+    after a compaction, 2.4-4.3 s for the fourth); kept (a new log is put here by its writer,
+    `keep_log_columns`), a writer in the same process reads none of them again."""
     key = (storage, path, content_version(storage, path), schema)
     rows = _LOG_COLUMNS.get(key)
     if rows is None:
