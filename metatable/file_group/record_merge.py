@@ -50,8 +50,8 @@ def survivors(versions: pa.Table, ordering: str | None, tiebreak: Sequence[str] 
 
 def after_last_delete(keys: pa.ChunkedArray, deleted: pa.ChunkedArray, seq: pa.ChunkedArray) -> pa.Array:
     """Which versions are live rows written at or after their key's last delete (a write's delete comes before
-    its row): a sort by key and numpy over the runs, not a hash aggregation (Acero's start cost 8 ms a call:
-    a full read of 120 slices of ~1,300 rows spent 1.0 of 3.6 s there)."""
+    its row): a sort by key and numpy over the runs, not Acero's hash aggregation and a lookup back (1,300
+    versions, idle, 300 calls each: 0.27-0.30 ms against 0.52-0.55 ms)."""
     order = pc.sort_indices(pa.table({"k": keys}), sort_keys=[("k", "ascending")]).to_numpy()
     first = _first_of_runs(keys.take(order))
     flags = np.asarray(deleted.to_numpy(zero_copy_only=False), dtype=bool)

@@ -320,7 +320,7 @@ def key_column(storage: Storage, path: str) -> tuple[pa.ChunkedArray, int]:
     read (56 SF 0.01 files: 21 -> 16 ms). The column is kept in this process, by the file's content version
     (a file changed in place is read again; on an object store a name is never rewritten): each upsert into a
     file group that tells updates from inserts read it again, a request per file group on a store (8 of a
-    1,000-row upsert's 85 in `benchmarks/object_store.py` at SF 0.01), 0.5 ms a group on a file system (a
+    1,000-row upsert's 85 in `benchmarks/object_store.py` at SF 0.01), 0.23 ms a group on a file system (a
     workload-benchmark batch writes 480 groups)."""
     key = (storage, path, content_version(storage, path))
     found = _KEY_COLUMNS.get(key)
