@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 from metatable.errors import InvalidInputError
 
 from . import murmur3
-from .keys import NON_PARTITIONED
+from .keys import NON_PARTITIONED, record_index_key
 
 NULL_PARTITION = "__null__"
 MAX_SEGMENT_BYTES = 255  # a file name's limit on ext4, xfs, btrfs and tmpfs
@@ -172,3 +172,11 @@ def pair_groups(first: pa.ChunkedArray | pa.Array, second: pa.ChunkedArray | pa.
     ordered = codes[order]
     bounds = [*np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]).tolist(), len(order)]
     return [order[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
+
+
+def record_index_key_array(partition: str, keys: pa.Array | pa.ChunkedArray, unique: bool) -> pa.Array:
+    """`keys.record_index_key` of one partition's record keys."""
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    if unique:
+        return keys
+    return pc.binary_join_element_wise(pa.scalar(record_index_key(partition, "", False)), keys, "")

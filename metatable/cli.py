@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("metatable.cli")
 
 
+SECONDARY_HELP = ("a secondary index, name=column[,column...] (repeatable), e.g. by_part=l_partkey: get-by and "
+                  "filters with == or in read through it")
 MDT_PARTITION_HELP = "metadata partition (files, bloom_filter, column_stats, hashing_meta, record_index)"
 AS_OF_HELP = "the snapshot as of a moment: an instant time, or an ISO-8601 time (UTC unless it has an offset)"
 
@@ -245,6 +247,16 @@ def parse_schema(text: str) -> pa.Schema:
     return pa.schema(fields)
 
 
+def parse_secondary(items: Sequence[str] | None) -> dict[str, list[str]]:
+    out = {}
+    for item in items or []:
+        name, sep, columns = item.partition("=")
+        if not sep or not columns:
+            raise InvalidInputError(f"--secondary takes name=column[,column...], got {item!r}")
+        out[name] = columns.split(",")
+    return out
+
+
 def parse_options(items: Sequence[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items or []:
@@ -263,7 +275,8 @@ def cmd_create(args: argparse.Namespace) -> None:
     indexes = args.metadata_index or (["column_stats", "bloom_filter"] if args.index == "bloom" else ["column_stats"])
     table = Table.create(args.path, schema, args.key.split(","),
                          args.partition_by.split(",") if args.partition_by else None, args.ordering,
-                         args.type, index, indexes, parse_options(args.option))
+                         args.type, index, indexes, parse_options(args.option),
+                         secondary_indexes=parse_secondary(args.secondary))
     print(f"created {table.config.table_type} table {table.path}: key {list(table.config.record_key)}, "
           f"partitioned by {list(table.config.partition_by) or 'nothing'}, {index.type} index")
 
@@ -446,9 +459,10 @@ def local_spark(wanted: bool) -> Any:
 
 def cmd_index_schedule(args: argparse.Namespace) -> None:
     table = Table.open(args.path, options=parse_options(args.option))
-    instant = table.schedule_indexing(args.partitions)
-    print(f"scheduled indexing {instant} of {', '.join(args.partitions)}; build it with: metatable index run "
-          f"{args.path}")
+    secondary = parse_secondary(args.secondary)
+    instant = table.schedule_indexing(args.partitions, secondary)
+    print(f"scheduled indexing {instant} of {', '.join([*args.partitions, *secondary])}; build it with: "
+          f"metatable index run {args.path}")
 
 
 def cmd_index_run(args: argparse.Namespace) -> None:
@@ -533,6 +547,15 @@ def cmd_get(args: argparse.Namespace) -> None:
     print_rows(table.get(key_values(table, args.keys), as_of=args.as_of), args.output)
 
 
+def cmd_get_by(args: argparse.Namespace) -> None:
+    table = Table.open(args.path)
+    columns = table.config.secondary_indexes.get(args.index, ())
+    values = [tuple(v.split(",")) if len(columns) > 1 else v for v in args.values]
+    result = table.get_by(args.index, values)
+    print_rows(result, args.output)
+    print(f"({result.num_rows} rows)", file=sys.stderr)
+
+
 def cmd_changes(args: argparse.Namespace) -> None:
     result = Table.open(args.path).changes(args.since, args.until)
     print_rows(result.slice(0, args.limit) if args.limit else result, args.output)
@@ -588,6 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metadata-index", action="append", choices=METADATA_INDEXES,
                    help="an index the metadata table keeps (repeatable; default column_stats, plus bloom_filter "
                         "for the bloom index)")
+    p.add_argument("--secondary", action="append", help=SECONDARY_HELP)
     p.add_argument("--option", action="append", help="key=value table option (repeatable)")
     p.set_defaults(func=cmd_create)
     for operation in ("upsert", "insert", "bulk_insert", "delete"):
@@ -656,7 +680,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = ix.add_parser("schedule", parents=[verbose], help="plan building indexes (an indexing instant); from now on "
                                                           "every commit maintains them")
     p.add_argument("path", help="the table's directory")
-    p.add_argument("partitions", nargs="+", choices=METADATA_INDEXES, help="the metadata indexes to build")
+    p.add_argument("partitions", nargs="*", help=f"the metadata indexes to build ({', '.join(METADATA_INDEXES)})")
+    p.add_argument("--secondary", action="append", help=SECONDARY_HELP)
     p.add_argument("--option", action="append", help="key=value option (repeatable), e.g. "
                                                      "metadata.record_index.file_groups=8")
     p.set_defaults(func=cmd_index_schedule)
@@ -677,7 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = ix.add_parser("drop", parents=[verbose], help="stop maintaining an index and delete it (writers are never "
                                                       "blocked)")
     p.add_argument("path", help="the table's directory")
-    p.add_argument("partition", choices=METADATA_INDEXES, help="the metadata index to drop")
+    p.add_argument("partition", help="the metadata index to drop (a secondary index's: secondary_index_<name>)")
     p.set_defaults(func=cmd_index_drop)
 
     p = sub.add_parser("fsck", parents=[verbose], help="check every file the table references (present, readable, "
@@ -720,6 +745,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default="table", choices=["table", "json", "csv"], help="how to print rows")
     p.add_argument("--as-of", help=AS_OF_HELP)
     p.set_defaults(func=cmd_get)
+
+    p = sub.add_parser("get-by", parents=[verbose], help="the rows whose values are these, through a secondary index")
+    p.add_argument("path", help="the table's directory")
+    p.add_argument("index", help="the secondary index's name")
+    p.add_argument("values", nargs="+", help="a value each (of a composite index: its columns' values, comma "
+                                             "separated, or of its first columns)")
+    p.add_argument("--output", default="table", choices=["table", "json", "csv"], help="how to print rows")
+    p.set_defaults(func=cmd_get_by)
 
     p = sub.add_parser("changes", parents=[verbose],
                        help="what the writes committed after --since (up to --until) changed: change records")

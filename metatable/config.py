@@ -67,6 +67,9 @@ OPTIONS: dict[str, Option] = {
         Option("metadata.hashing_meta.file_groups", int, 1, "file groups of the hashing_meta partition", minimum=1),
         Option("metadata.record_index.file_groups", int, 4,
                "file groups of the record_index partition (set when the index is created or scheduled)", minimum=1),
+        Option("metadata.secondary_index.file_groups", int, 2,
+               "file groups of each secondary index's partition (set when the index is created or scheduled)",
+               minimum=1),
         Option("indexer.catchup_timeout_s", float, 300.0,
                "the async indexer waits this long for writes still inflight (with a live heartbeat) that it must "
                "catch up; then it aborts, removes the partitions it was building, and can be scheduled again",
@@ -231,9 +234,22 @@ def resolve(options: Mapping[str, Any] | None) -> dict[str, Any]:
     return resolved
 
 
+SECONDARY_INDEX_PREFIX = "secondary_index_"  # a secondary index's metadata partition: the prefix, then its name
+
+
+def secondary_partition(index_name: str) -> str:
+    """The metadata partition of secondary index `index_name`."""
+    return SECONDARY_INDEX_PREFIX + index_name
+
+
+def secondary_index_name(partition: str) -> str | None:
+    """The secondary index a metadata partition holds, None for other partitions."""
+    return partition[len(SECONDARY_INDEX_PREFIX):] if partition.startswith(SECONDARY_INDEX_PREFIX) else None
+
+
 def file_groups(partition: str, options: Mapping[str, Any] | None = None) -> int:
     """How many file groups a metadata partition gets (`metadata.<partition>.file_groups`)."""
-    name = f"metadata.{partition}.file_groups"
+    name = f"metadata.{'secondary_index' if secondary_index_name(partition) is not None else partition}.file_groups"
     if name not in OPTIONS:
         raise ConfigError(f"unknown metadata partition {partition!r}: no option {name}")
     return OPTIONS[name].check((options or {}).get(name, OPTIONS[name].default))

@@ -94,9 +94,11 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
         .withColumn("l_comment", F.lit("inserted by the demo"))
     batch = updates.unionByName(new_rows).cache()
     batch_rows = batch.count()
-    # the async indexer builds the bloom filters and the record index (in another process) while the upsert runs
-    indexing = table.schedule_indexing(["bloom_filter", "record_index"])
-    print(f"scheduled indexing {indexing} of bloom_filter and record_index (built in another process)", flush=True)
+    # the async indexer builds the bloom filters, the record index and a secondary index on l_partkey (in another
+    # process) while the upsert runs
+    indexing = table.schedule_indexing(["bloom_filter", "record_index"], secondary={"by_part": ["l_partkey"]})
+    print(f"scheduled indexing {indexing} of bloom_filter, record_index and secondary index by_part (l_partkey), "
+          "built in another process", flush=True)
     timed("upsert 5% (90% updates, 10% new) while the indexer runs",
           batch_rows, lambda: while_running(["index", "run", root, "--instant", indexing], lambda: table.upsert(batch)),
           describe)
@@ -107,6 +109,11 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
     probe = batch.select(*KEY).limit(1000).toArrow()
     timed("lookup 1,000 keys through the record index", probe.num_rows, lambda: table.lookup(probe, explain=True),
           lambda r: f"{r[0].num_rows - r[0]['file_id'].null_count} found, index {r[1]['index']}")
+    part = batch.select("l_partkey").first()[0]
+    timed(f"rows of l_partkey {part} through the secondary index", 1,
+          lambda: table.get_by("by_part", [part], explain=True),
+          lambda r: f"{r[1]['rows']} rows from {r[1]['file_slices']} file slices ({r[1]['entries']} entries of "
+                    f"{r[1]['index']})")
 
     doomed = lineitem.select(*KEY, "ship_year").orderBy(F.rand(3)).limit(1000).cache()
     timed("delete 1,000 keys", 1000, lambda: table.delete(doomed), describe)

@@ -15,13 +15,14 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import pyarrow as pa
 
 from metatable.commit.context import TableContext
+from metatable.commit.timeline_view import TimelineView
 from metatable.errors import (
     ClusteringConflict, ConflictError, InvalidInputError, MetadataReplacedError, MetatableError, RollbackError,
     storage_errors)
 from metatable.file_group.file_slice import FileSlice
-from metatable.read import reads
+from metatable.read import reads, secondary_lookup
 from metatable.read.changes import read_changes
-from metatable.read.key_lookup import get_rows, keys_table, locate
+from metatable.read.key_lookup import get_rows, keys_table, live_rows, locate
 from metatable.read.locator import MetadataIndex
 from metatable.read.scan import Scan
 from metatable.services import clean, clustering, compaction, fsck, indexer, maintenance, rebuild
@@ -29,7 +30,8 @@ from metatable.services.fsck import FsckReport
 from metatable.services.rebuild import RebuildReport
 from metatable.storage.base import Storage
 from metatable.storage.location import storage_for
-from metatable.table_config import IndexConfig, TableConfig, as_tuple, normalize_schema
+from metatable.table_config import (IndexConfig, TableConfig, as_tuple, check_secondary_indexes, normalize_schema,
+                                   secondary_partitions)
 from metatable.timeline.instant import Action, Instant, Moment
 from metatable.write.change_feed import DELETE_VALUES, flagged
 from metatable.write.conditional_merge import MergeClauses
@@ -80,17 +82,22 @@ class Table:
                partition_by: str | Sequence[str] | None = None, ordering_field: str | None = None,
                table_type: str = "merge_on_read", index: IndexConfig | None = None,
                metadata_indexes: Sequence[str] = ("column_stats",), options: Mapping[str, Any] | None = None,
-               storage: Storage | None = None, storage_options: Mapping[str, Any] | None = None) -> Table:
+               storage: Storage | None = None, storage_options: Mapping[str, Any] | None = None,
+               secondary_indexes: Mapping[str, str | Sequence[str]] | None = None) -> Table:
         """A new table at `path`: a local directory, or an `s3://bucket/prefix` URL on an S3-compatible store
         (endpoint and credentials from `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
-        `AWS_REGION`, or `storage_options` in the spellings delta-rs and pyiceberg take)."""
+        `AWS_REGION`, or `storage_options` in the spellings delta-rs and pyiceberg take).
+        `secondary_indexes`: name -> column(s), e.g. `{"by_part": ["l_partkey"]}`: indexes on non-key columns
+        that `get_by` and `to_arrow`'s `==` and `in` filters use (see `schedule_indexing` for a live table)."""
         if not isinstance(schema, pa.Schema):
             raise InvalidInputError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
         index = index or IndexConfig()
         indexes = tuple(metadata_indexes) + (("record_index",) if index.type == "record" and
                                              "record_index" not in metadata_indexes else ())
+        secondary = check_secondary_indexes(secondary_indexes or {}, schema)
         config = TableConfig(normalize_schema(schema), as_tuple(record_key), as_tuple(partition_by), ordering_field,
-                             table_type, index, indexes, dict(options or {}))
+                             table_type, index, indexes + secondary_partitions(secondary), dict(options or {}),
+                             secondary_indexes=secondary)
         storage = storage or storage_for(path, storage_options)
         with storage_errors(f"create {path}"):
             return cls(TableContext.create(path, config, storage), storage=storage)
@@ -338,6 +345,21 @@ class Table:
         data = keys_table(keys)
         return self.context.read_view(lambda view: get_rows(self.context, self.metadata_index, data, view), as_of)
 
+    def get_by(self, index: str, values: Sequence[Any], as_of: Moment | None = None, explain: bool = False) -> Any:
+        """The full rows whose indexed values are among `values`, found through secondary index `index`: a scalar
+        per value for a one-column index; for a composite one a tuple of values of its columns, or of its first
+        columns (None matches null). Only the file slices that hold them are read. `as_of` as for `to_arrow`
+        (an earlier snapshot is read filtered by its partition values and column stats: the index holds where
+        records are now). With `explain`, returns (rows, report: the index used, its entries found, the file
+        slices read)."""
+        def read(view: TimelineView) -> tuple[pa.Table, dict[str, Any]]:
+            return secondary_lookup.get_by(
+                view, index, values,
+                lambda keys, partitions: live_rows(self.context, self.metadata_index, keys, partitions, view),
+                functools.partial(reads.filtered, self.context, view))
+        rows, report = self.context.read_view(read, as_of)
+        return (rows, report) if explain else rows
+
     # -- table services -----------------------------------------------------------------------------
     @writes
     def compact(self) -> str | None:
@@ -398,10 +420,12 @@ class Table:
 
     # -- the async indexer ----------------------------------------------------------------------------
     @writes
-    def schedule_indexing(self, partitions: Sequence[str]) -> str:
-        """Plan building metadata indexes (`bloom_filter`, `column_stats`, `record_index`) of this table while
-        writers keep writing: from now on every commit maintains them. Returns the indexing instant."""
-        done = indexer.schedule(self.context, as_tuple(partitions))
+    def schedule_indexing(self, partitions: Sequence[str] = (),
+                          secondary: Mapping[str, str | Sequence[str]] | None = None) -> str:
+        """Plan building metadata indexes (`bloom_filter`, `column_stats`, `record_index`, and secondary indexes:
+        `secondary` maps a name to its column(s)) of this table while writers keep writing: from now on every
+        commit maintains them. Returns the indexing instant."""
+        done = indexer.schedule(self.context, as_tuple(partitions), secondary)
         self._reopen()
         return done
 

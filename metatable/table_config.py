@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Callable, Mapping, Sequence
@@ -10,6 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pyarrow as pa
 
 from metatable import config
+from metatable.config import secondary_index_name, secondary_partition
 from metatable.errors import ConfigError, InvalidInputError
 
 TABLE_TYPES = ("merge_on_read", "copy_on_write")
@@ -116,6 +118,8 @@ class TableConfig:
     # (instant time, schema) of every schema the table has had, oldest first: the one it was created with (time
     # CREATED), then each schema change, named by the instant that made it (valid once that instant completed)
     schema_versions: tuple[tuple[str, pa.Schema], ...] = ()
+    # secondary index name -> its columns; its partition (`secondary_index_<name>`) has a state like any index
+    secondary_indexes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.schema_versions:
@@ -136,9 +140,14 @@ class TableConfig:
                                     "ordering column must hold plain values")
         if self.table_type not in TABLE_TYPES:
             raise ConfigError(f"table_type must be one of {list(TABLE_TYPES)}, got {self.table_type!r}")
-        unknown = [m for m in self.maintained if m not in METADATA_INDEXES]
+        # checked against the schema where they are declared (a projected config's schema lacks their columns)
+        object.__setattr__(self, "secondary_indexes", {name: as_tuple(columns)
+                                                       for name, columns in self.secondary_indexes.items()})
+        unknown = [m for m in self.maintained if m not in METADATA_INDEXES and secondary_index_name(m) not in
+                   self.secondary_indexes]
         if unknown:
-            raise ConfigError(f"unknown metadata_indexes {unknown}; valid: {list(METADATA_INDEXES)}")
+            raise ConfigError(f"unknown metadata_indexes {unknown}; valid: {list(METADATA_INDEXES)} and the "
+                              "secondary indexes' partitions (secondary_index_<name>)")
         missing = sorted(set(self.required_indexes) - set(self.metadata_indexes))
         if missing:
             raise ConfigError(f"index type {self.index.type!r} needs metadata_indexes {missing}")
@@ -153,6 +162,18 @@ class TableConfig:
     def maintained(self) -> tuple[str, ...]:
         """The metadata indexes every commit writes: ready and building."""
         return (*self.metadata_indexes, *self.building)
+
+    @property
+    def written_by_commits(self) -> tuple[str, ...]:
+        """The metadata indexes a commit writes: every maintained one but a secondary index still building,
+        which the indexer catches up after its build (a commit finds a record's old values in the index's
+        reverse entries, which the build has not written yet)."""
+        return tuple(p for p in self.maintained if self.secondary_columns(p) is None or p in self.metadata_indexes)
+
+    def secondary_columns(self, partition: str) -> tuple[str, ...] | None:
+        """The columns of the secondary index a metadata partition holds (None: not a secondary index)."""
+        name = secondary_index_name(partition)
+        return None if name is None else self.secondary_indexes.get(name)
 
     @property
     def keys_unique_across_partitions(self) -> bool:
@@ -177,8 +198,11 @@ class TableConfig:
         widest: dict[str, pa.Field] = {}
         for _, schema in versions:
             widest.update((f.name, f) for f in schema)
-        return replace(self.with_index_states(parse_index_states(stored["metadata_indexes"])),
-                       schema=pa.schema(list(widest.values())), schema_versions=versions)
+        states = parse_index_states(stored["metadata_indexes"])
+        return replace(self, metadata_indexes=tuple(p for p, s in states.items() if s == READY),
+                       building=tuple(p for p, s in states.items() if s == BUILDING),
+                       schema=pa.schema(list(widest.values())), schema_versions=versions,
+                       secondary_indexes=stored.get("secondary_indexes", {}))
 
     @cached_property
     def known_columns(self) -> frozenset[str]:
@@ -239,6 +263,7 @@ class TableConfig:
             "record_key": list(self.record_key), "partition_by": list(self.partition_by),
             "ordering_field": self.ordering_field, "table_type": self.table_type,
             "index": self.index.to_json(), "metadata_indexes": self.index_states(),
+            "secondary_indexes": {name: list(columns) for name, columns in self.secondary_indexes.items()},
             "options": overridden,
         }, indent=2, sort_keys=True)
 
@@ -251,7 +276,8 @@ class TableConfig:
                    ordering_field=d["ordering_field"], table_type=d["table_type"], index=IndexConfig(**d["index"]),
                    metadata_indexes=tuple(p for p, s in states.items() if s == READY),
                    options={**d["options"], **(options or {})},
-                   building=tuple(p for p, s in states.items() if s == BUILDING)).with_stored(d)
+                   building=tuple(p for p, s in states.items() if s == BUILDING),
+                   secondary_indexes=d.get("secondary_indexes", {})).with_stored(d)
 
 
 def encode_schema(schema: pa.Schema) -> str:
@@ -260,6 +286,36 @@ def encode_schema(schema: pa.Schema) -> str:
 
 def decode_schema(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+def check_secondary_indexes(definitions: Mapping[str, Sequence[str]], schema: pa.Schema) -> dict[str, tuple[str, ...]]:
+    """Secondary index definitions (name -> columns), checked: a name of lower-case letters, digits and
+    underscores; one or more distinct plain columns of the table."""
+    if not isinstance(definitions, Mapping):
+        raise InvalidInputError(f"secondary_indexes maps an index name to its columns, e.g. "
+                                f"{{'by_part': ['l_partkey']}}; got {definitions!r}")
+    out = {}
+    for name, columns in definitions.items():
+        columns = as_tuple(columns)
+        if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9_]{1,64}", name):
+            raise InvalidInputError(f"secondary index name {name!r}: use 1-64 lower-case letters, digits and _")
+        if not columns or len(set(columns)) != len(columns):
+            raise InvalidInputError(f"secondary index {name!r} needs one or more distinct columns, got {columns}")
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise InvalidInputError(f"secondary index {name!r}: columns {missing} are not in the table "
+                                    f"({schema.names})")
+        nested = [c for c in columns if not _supported(schema.field(c).type) or
+                  pa.types.is_binary(schema.field(c).type) or pa.types.is_large_binary(schema.field(c).type)]
+        if nested:
+            raise InvalidInputError(f"secondary index {name!r}: columns {nested} are lists, structs, maps or "
+                                    "binary; a secondary index holds plain values")
+        out[name] = columns
+    return out
+
+
+def secondary_partitions(definitions: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(secondary_partition(name) for name in definitions)
 
 
 def parse_index_states(stored: Mapping[str, str] | Sequence[str]) -> dict[str, str]:

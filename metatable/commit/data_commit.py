@@ -23,10 +23,11 @@ from indexes.bloom import BloomFilter
 from indexes.consistent_hashing import initial_ring
 from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key, hashing_meta_key
 
+from metatable.commit.change import Change
 from metatable.commit.conflicts import Committer, Concurrent, check, concurrent_with
 from metatable.commit.context import TableContext
 from metatable.commit.dual_writes import DUAL, dual_rows, merge_into_base, resize_instant
-from metatable.commit.index_records import Change, change_records
+from metatable.commit.index_records import change_records
 from metatable.commit.schema_history import record_schema
 from metatable.commit.timeline_view import FileGroup, TimelineView, group_name, parse_group_name
 from metatable.errors import ConflictError, MetadataReplacedError, after_the_commit_point
@@ -100,15 +101,17 @@ def publish(context: TableContext, c: Commit) -> Content:
     metadata = context.metadata
     metadata.reload_partitions()
     now = context.config_now()  # the index states and columns of now, whatever this writer opened with
-    maintained = now.maintained
+    maintained = now.written_by_commits
     completed = time.time_ns()
     replaced = c.metadata.get("replaced", {})
     supersedes = maintained and (replaced or any(f.kind == "base" for f in files))  # else no view to read
     change = Change(c.committer.action, files, superseded_bases(context.view(), files, replaced) if supersedes else {},
                     completed)
+    if any(now.secondary_columns(p) for p in maintained):
+        metadata.refresh()  # a secondary index reads what every commit completed before this one wrote
     records: dict[str, dict[str, Any]] = {"files": files_records(files),
                                           **change_records(context.storage, context.paths, now, time_,
-                                                           change, maintained)}
+                                                           change, maintained, metadata.lookup)}
     rings = new_rings(context, time_, files) if c.committer.dual_writes else {}
     if rings:
         records["hashing_meta"] = rings

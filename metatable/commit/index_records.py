@@ -16,21 +16,23 @@ A write task computes its base files' stats and bloom filter where it writes the
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from indexes.arrow_keys import record_index_key_array
 from indexes.bloom import FILTER_TYPE, BloomFilter
 from indexes.column_stats import file_column_stats, tombstones
-from indexes.keys import bloom_filter_key, record_index_key
+from indexes.keys import bloom_filter_key
 
+from metatable.commit.change import Change
+from metatable.commit.secondary_records import Current, row_schema, rows_entries, secondary_records
 from metatable.errors import naming_damage
 from metatable.file_group.base_file import PARQUET, BaseFile
 from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.slice_reader import key_column, members, parquet_file
+from metatable.file_group.slice_reader import key_column, members, parquet_file, read_slice
 from metatable.file_group.written import WrittenFile
 from metatable.formats.data_log import read_data_log
 from metatable.formats.log_file import Entries
@@ -41,22 +43,14 @@ from metatable.table_config import DELETED_COLUMN, KEY_COLUMN, METADATA_INDEXES,
 from metatable.timeline.instant import Action
 
 Records = dict[str, dict[str, Any]]  # key -> record (None: a tombstone)
-FileGroup = tuple[str, str]
-
-
-@dataclass(frozen=True)
-class Change:
-    """What one instant did to the data files."""
-
-    action: Action
-    files: Sequence[WrittenFile]  # the files it added
-    superseded: Mapping[FileGroup, str] = field(default_factory=dict)  # file group -> base no longer latest
-    completed_at: int = 0  # when it completed (ns): record-index entries merge in completion order
 
 
 def change_records(storage: Storage, paths: TablePaths, config: TableConfig, instant: str, change: Change,
-                   partitions: Iterable[str]) -> dict[str, Records | Entries]:
-    """The records of `change` in each of the given metadata index partitions."""
+                   partitions: Iterable[str], current: Callable[[str], Current],
+                   written_at: int | None = None) -> dict[str, Records | Entries]:
+    """The records of `change` in each of the given metadata index partitions. `current(partition)`: the
+    records of keys in that partition as they are now (a secondary index's reverse entries); `written_at`: when
+    they are computed (default: when the change completed, as a commit computes them)."""
     wanted = set(partitions)
     out: dict[str, Records | Entries] = {p: {} for p in METADATA_INDEXES if p in wanted}
     if wanted & {"column_stats", "bloom_filter"}:
@@ -69,6 +63,10 @@ def change_records(storage: Storage, paths: TablePaths, config: TableConfig, ins
                     out[p].update(recs)
     if "record_index" in out and change.action is not Action.COMPACTION:
         out["record_index"] = record_index_records(storage, paths, config, instant, change)
+    for partition in sorted(wanted):
+        if config.secondary_columns(partition) is not None:
+            out[partition] = secondary_records(storage, paths, config, change, partition, current(partition),
+                                               change.completed_at if written_at is None else written_at)
     return {p: recs for p, recs in out.items() if recs}
 
 
@@ -141,8 +139,9 @@ def record_index_records(storage: Storage, paths: TablePaths, config: TableConfi
             rows = read_data_log(storage, path, key_schema(config))[1]
             live = rows.filter(pc.invert(rows[DELETED_COLUMN]))[KEY_COLUMN]
             gone = rows.filter(rows[DELETED_COLUMN])[KEY_COLUMN]
-        removed = [Entries.repeated(index_keys(f.partition, gone, unique), tombstone)] if gone is not None else []
-        added = Entries.repeated(index_keys(f.partition, live, unique),
+        removed = ([Entries.repeated(record_index_key_array(f.partition, gone, unique), tombstone)]
+                   if gone is not None else [])
+        added = Entries.repeated(record_index_key_array(f.partition, live, unique),
                                  kind.encode(entry_of(f.partition, f.file_id, instant, change.completed_at)))
         tombstones += removed
         entries.append(added)
@@ -161,14 +160,6 @@ def entry_of(partition: str, file_id: str, instant: str | None, completed_at: in
              deleted: bool = False) -> dict[str, Any]:
     return {"partition_path": partition, "file_id": file_id, "instant": instant or "", "completed_at": completed_at,
             "is_deleted": deleted}
-
-
-def index_keys(partition: str, keys: pa.Array | pa.ChunkedArray, unique: bool) -> pa.Array:
-    """The record_index keys of one partition's record keys."""
-    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-    if unique:
-        return keys
-    return pc.binary_join_element_wise(pa.scalar(record_index_key(partition, "", False)), keys, "")
 
 
 def live_keys(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice,
@@ -213,3 +204,18 @@ def slice_records(storage: Storage, paths: TablePaths, config: TableConfig, fs: 
         out = base_file_records(storage, paths, config, base, partitions)
     keys = live_keys(storage, paths, config, fs, stamp_of) if "record_index" in partitions else None
     return out, keys
+
+
+def secondary_slice_entries(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice, partition: str,
+                            stamp_of: Callable[[str], int]) -> Entries:
+    """What a secondary index holds for one latest file slice (the indexer's build, fsck's check): an entry per
+    live row, stamped as `live_keys` stamps its key."""
+    columns = config.secondary_columns(partition)
+    needed = {*row_schema(config, columns, deleted=False).names, *config.record_key, *config.partition_by}
+    rows = read_slice(storage, paths, config.with_schema(pa.schema([f for f in config.schema if f.name in needed])),
+                      fs)
+    keys, stamps = live_keys(storage, paths, config, fs, stamp_of)
+    stamps = stamps[pc.index_in(rows[KEY_COLUMN], value_set=keys).to_numpy(zero_copy_only=False)]
+    return rows_entries(config, columns, rows,
+                        record_index_key_array(fs.partition, rows[KEY_COLUMN], config.keys_unique_across_partitions),
+                        fs.partition, fs.file_id, stamps)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from metatable.config import secondary_partition
 from metatable.file_group.base_file import BaseFile
 from metatable.formats.log_file import LogFile
 from metatable.metadata.file_group import SST_EXTENSION
@@ -34,10 +35,16 @@ def read_states(storage: Storage, paths: TablePaths) -> dict[str, str]:
     return parse_index_states(read_json(storage, paths.table_config)["metadata_indexes"])
 
 
-def save_states(storage: Storage, paths: TablePaths, states: Mapping[str, str]) -> None:
-    """Replace the states in table.json, atomically (callers hold the table lock)."""
+def save_states(storage: Storage, paths: TablePaths, states: Mapping[str, str],
+                secondary: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Replace the states in table.json, atomically (callers hold the table lock), with the definitions of new
+    secondary indexes (`secondary`: name -> columns); a secondary index whose partition has no state any more
+    loses its definition."""
     stored = read_json(storage, paths.table_config)
     stored["metadata_indexes"] = dict(states)
+    definitions = {**stored.get("secondary_indexes", {}), **(secondary or {})}
+    stored["secondary_indexes"] = {name: list(columns) for name, columns in definitions.items()
+                                   if secondary_partition(name) in states}
     write_json(storage, paths.table_config, stored)
 
 

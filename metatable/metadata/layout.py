@@ -19,7 +19,7 @@ from metatable.file_group.file_slice import FileSlice
 from metatable.formats.log_file import LogCache, LogFile
 from metatable.formats.sst_file import SstCache
 from metatable.metadata.file_group import SST_EXTENSION, MetadataFileGroup, Snapshot, resolve_slice
-from metatable.metadata.records import KINDS, RecordKind
+from metatable.metadata.records import RecordKind, kind_named
 from metatable.storage.base import Storage, read_json
 from metatable.storage.paths import TablePaths
 
@@ -31,10 +31,11 @@ def file_group_id(partition: str, index: int) -> str:
 
 
 def kind_of(partition: str, valid: Iterable[str]) -> RecordKind:
-    if partition not in valid or partition not in KINDS:
+    kind = kind_named(partition)
+    if partition not in valid or kind is None:
         raise UnknownPartitionError(f"unknown metadata partition {partition!r}; this table has: "
                                     f"{', '.join(sorted(valid))}")
-    return KINDS[partition]
+    return kind
 
 
 class MetadataLayout:

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from avro_schemas import schema
 from indexes.column_stats import stat_value, wrap_stat_value
 
+from metatable.config import secondary_index_name
 from metatable.errors import MetatableError
 from metatable.formats.log_file import Entries, avro_long
 
@@ -225,6 +226,7 @@ class RecordIndexKind(RecordKind):
     to one entry (a file group's), so `encode` keeps the last entry it encoded."""
 
     name = "record_index"
+    order_field = "completed_at"  # a newer entry has a greater value here
 
     def __init__(self) -> None:
         super().__init__()
@@ -241,7 +243,7 @@ class RecordIndexKind(RecordKind):
         return raw
 
     def merge(self, older: Record, newer: Record) -> Record:
-        return newer if newer["completed_at"] >= older["completed_at"] else older
+        return newer if newer[self.order_field] >= older[self.order_field] else older
 
     merges_columns = True
 
@@ -254,7 +256,7 @@ class RecordIndexKind(RecordKind):
         encoded = pc.dictionary_encode(versions.values)
         records = [self.decode(raw) for raw in encoded.dictionary.to_pylist()]
         which = encoded.indices.to_numpy()
-        completed = np.array([r["completed_at"] for r in records], dtype=np.int64)[which]
+        completed = np.array([r[self.order_field] for r in records], dtype=np.int64)[which]
         deleted = np.array([r["is_deleted"] for r in records], dtype=bool)[which]
         order = pc.sort_indices(pa.table({"key": versions.keys, "completed": completed,
                                           "position": np.arange(len(versions))}),
@@ -274,5 +276,24 @@ class RecordIndexKind(RecordKind):
         return [decoded[r] if r in decoded else decoded.setdefault(r, decode(r)) for r in raws]
 
 
+class SecondaryIndexKind(RecordIndexKind):
+    """`secondary_index_<name>`: forward and reverse entries (`indexes.secondary_keys`). The later `written_at`
+    wins (when the entry was computed: each computation knew every earlier one), a tombstone deletes."""
+
+    name = "secondary_index"
+    order_field = "written_at"
+
+    def tombstone(self) -> Record:
+        return {**super().tombstone(), "value": None, "ordering": None, "written_at": 0}
+
+    def base_visible_many(self, raws: list[bytes]) -> list[Record]:
+        return self.decode_many(raws)  # reverse entries' values differ key by key
+
+
 KINDS: dict[str, RecordKind] = {k.name: k for k in (FilesKind(), BloomFilterKind(), ColumnStatsKind(),
-                                                     HashingMetaKind(), RecordIndexKind())}
+                                                     HashingMetaKind(), RecordIndexKind(), SecondaryIndexKind())}
+
+
+def kind_named(partition: str) -> RecordKind | None:
+    """The record kind of a metadata partition (every secondary index's is one), None for an unknown name."""
+    return KINDS["secondary_index"] if secondary_index_name(partition) is not None else KINDS.get(partition)

@@ -36,7 +36,7 @@ from metatable.faults import crash_point
 from metatable.formats.log_file import BlockKind, Entries, LogBlock, LogFile, write_log
 from metatable.metadata.file_group import SST_EXTENSION, MetadataFileGroup, Snapshot
 from metatable.metadata.layout import MetadataLayout, check_key, kind_of
-from metatable.metadata.records import KINDS, Record, RecordKind
+from metatable.metadata.records import KINDS, Record, RecordKind, kind_named
 from metatable.metadata.services import (
     CleanReport, CompactionReport, MetadataUndo, clean_service, compaction_service, execute_clean,
     pending_compaction_plans)
@@ -146,11 +146,11 @@ class MetadataTable:
         storage = storage or storage_for(root)
         config.resolve(options)  # reject unknown options before anything is written
         if partitions is None:
-            partitions = list(KINDS)
+            partitions = [k for k in KINDS if k != "secondary_index"]  # a secondary index is named
         if not isinstance(partitions, Mapping):
-            partitions = {p: config.file_groups(p, options) if p in KINDS else 1 for p in partitions}
+            partitions = {p: config.file_groups(p, options) if kind_named(p) else 1 for p in partitions}
         for name, n in partitions.items():
-            kind_of(name, KINDS)
+            kind_of(name, (name,))
             if not isinstance(n, int) or n < 1:
                 raise InvalidInputError(f"partition {name!r} needs a positive number of file groups, got {n!r}")
         props = {"format_version": 1, "partitions": dict(partitions), "options": dict(options or {})}
@@ -181,17 +181,17 @@ class MetadataTable:
     def reload_partitions(self) -> None:
         """Pick up partitions added or removed since this object opened (the data table's indexer does that)."""
         if self.layout.reload():
-            self._groups, self._listings = {}, {}
+            self.reread()
 
     def add_partitions(self, partitions: Mapping[str, int]) -> None:
         """Create empty partitions (name -> file groups); a leftover directory of an earlier one is emptied."""
         for name in partitions:
-            kind_of(name, KINDS)
+            kind_of(name, (name,))
             self._delete_files(name)
         with self.lock.held():
             self.layout.reload()
             self.layout.save({**self.layout.partitions, **partitions})
-        self._groups, self._listings = {}, {}
+        self.reread()
 
     def remove_partition(self, partition: str, wait_s: float = 60.0) -> None:
         """Forget a partition, then delete its files once no metadata compaction that planned it is still
@@ -199,7 +199,7 @@ class MetadataTable:
         with self.lock.held():
             self.layout.reload()
             self.layout.save({p: n for p, n in self.layout.partitions.items() if p != partition})
-        self._groups, self._listings = {}, {}
+        self.reread()
         deadline = _time.monotonic() + wait_s
         while _time.monotonic() < deadline:
             with self.lock.held():
@@ -250,6 +250,27 @@ class MetadataTable:
         for index, group_keys in group_by_bucket(keys, self.partitions[partition]):
             out.update(self._group(partition, index).get_visible(group_keys))
         return out
+
+    def lookup(self, partition: str, base_of: str | None = None) -> Callable[[list[str]], dict[str, Record]]:
+        """`get_many` of one partition, as a function of the keys. `base_of`: a pending indexing whose bases
+        are read too (its catch-up reads the index it built), from a listing of now."""
+        if base_of is None:
+            return lambda keys: self.get_many(partition, keys)
+        self.refresh()
+        snapshot = self.snapshot.with_base_of(base_of)
+        names = self.layout.listing(partition)
+
+        def get_many(keys: list[str]) -> dict[str, Record]:
+            out: dict[str, Record] = {}
+            for index, group_keys in group_by_bucket(keys, self.partitions[partition]):
+                fs = self.layout.slice(partition, index, names, snapshot.compacted)
+                out.update(self.layout.group(fs, snapshot).get_visible(group_keys))
+            return out
+        return get_many
+
+    def reread(self) -> None:
+        """Read the files again on the next read: blocks were appended to instants this snapshot already had."""
+        self._groups, self._listings = {}, {}
 
     def scan(self, partition: str, prefix: str = "") -> Scan:
         """(key, record) for every present key starting with `prefix`, in key order, streamed."""

@@ -20,6 +20,7 @@ from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import base_metadata, read_slice
 from metatable.formats.data_log import log_row_count
 from metatable.read.scan_filter import Filter, may_match_any, parse_filter, partition_ranges, row_mask, spark_condition
+from metatable.read.secondary_lookup import filter_slices
 from metatable.spark.dataframes import read_dataframe
 from metatable.spark.session import active_session
 from metatable.table_config import TableConfig
@@ -34,10 +35,12 @@ class ScanPlan:
     filters: Filter
     total: int  # file slices in the snapshot
     config: TableConfig  # the snapshot's: its schema is the read's
+    index: str | None = None  # the secondary index that chose the slices
 
     @property
-    def report(self) -> dict[str, int]:
-        return {"file_slices": self.total, "skipped": self.total - len(self.slices)}
+    def report(self) -> dict[str, Any]:
+        return {"file_slices": self.total, "skipped": self.total - len(self.slices),
+                **({"secondary_index": self.index} if self.index else {})}
 
     def projected(self, columns: Sequence[str] | None) -> tuple[pa.Schema, TableConfig]:
         """The schema a read returns (every column, in table order, by default), and the config to read slices
@@ -82,9 +85,20 @@ def plan_of(view: TimelineView, filters: Filter) -> ScanPlan:
             return None if s is None else (s["min_value"], s["max_value"])
         return may_match_any(filters, ranges)
     kept = [fs for fs in slices if possible(fs)]
+    by_index = filter_slices(view, filters)
+    if by_index is not None:
+        index, groups = by_index
+        kept = [fs for fs in kept if (fs.partition, fs.file_id) in groups]
+        log.info("read: secondary index %s leaves %d of %d file slices", index, len(kept), len(slices))
+        return ScanPlan(kept, filters, len(slices), config, index)
     log.info("read: %d of %d file slices skipped by partition values and column stats", len(slices) - len(kept),
              len(slices))
     return ScanPlan(kept, filters, len(slices), config)
+
+
+def filtered(context: TableContext, view: TimelineView, filter: Any) -> pa.Table:
+    """The view's rows that match `filter` (as `to_arrow` takes it)."""
+    return to_arrow(context, plan_of(view, parse_filter(filter, view.config.schema)))
 
 
 def slice_tables(context: TableContext, plan: ScanPlan, columns: Sequence[str] | None = None,

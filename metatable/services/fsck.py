@@ -6,7 +6,9 @@ The check reads everything a reader may need, and reports every problem instead 
 - the metadata table: every record of every partition, merged (each log and SST it reads);
 - the data files: the ones the completed timeline lists (`timeline.replay.live_files`: what commits added
   and cleans did not delete) are present, and read whole, bases with their page checksums verified; and the
-  `files` partition lists exactly those.
+  `files` partition lists exactly those;
+- every ready secondary index against the data: it holds exactly the forward and reverse entries of the
+  latest snapshot's live rows.
 
 With `repair` it also removes what dead processes left behind (`commit.leftovers`), as every clean does.
 """
@@ -15,12 +17,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from indexes.secondary_keys import is_reverse
+
 from metatable.commit.context import TableContext
+from metatable.commit.index_records import secondary_slice_entries
 from metatable.commit.leftovers import find_leftovers, remove
 from metatable.errors import CorruptFileError, MetatableError, MissingFileError
 from metatable.file_group.slice_reader import read_base
 from metatable.formats.data_log import read_data_log
-from metatable.formats.log_file import LogFile
+from metatable.formats.log_file import Entries, LogFile
+from metatable.metadata.records import KINDS
 from metatable.timeline.replay import live_files
 
 log = logging.getLogger(__name__)
@@ -58,6 +64,7 @@ def check(context: TableContext, repair: bool = False) -> FsckReport:
     with context.transactions.lock.held(shared=True):
         expected, missing = live_files(context.timeline, context.paths, context.storage)
         problems += files_partition_mismatch(context, expected, set(missing))
+        problems += secondary_index_mismatch(context)
     checked = 0
     gone: list[Problem] = [Problem("missing", path, "a completed commit added it and no clean deleted it")
                            for path in missing]
@@ -119,3 +126,36 @@ def files_partition_mismatch(context: TableContext, expected: dict[str, dict[str
     return out
 
 
+
+
+def secondary_index_mismatch(context: TableContext) -> list[Problem]:
+    """Entries a ready secondary index lacks, has beyond the latest snapshot's rows, or whose reverse entry names
+    other values (a commit would tombstone the wrong entry)."""
+    try:
+        view = context.view()
+    except MetatableError:
+        return []  # reported by check_metadata
+    config, metadata = view.config, context.metadata
+    out = []
+    for partition in config.metadata_indexes:
+        if config.secondary_columns(partition) is None:
+            continue
+        expected = Entries.concat([secondary_slice_entries(context.storage, context.paths, config, fs, partition,
+                                                           lambda _: 0) for fs in view.file_slices.values()],
+                                  may_repeat=False)
+        try:
+            stored = {key: record.get("value") for key, record in metadata.scan(partition)}
+        except MetatableError:
+            continue  # reported by check_metadata
+        wrong = []
+        for key, raw in zip(expected.keys.to_pylist(), expected.values.to_pylist()):
+            if key not in stored:
+                wrong.append(f"no entry {key!r}")
+            elif is_reverse(key) and stored[key] != KINDS["secondary_index"].decode(raw)["value"]:
+                wrong.append(f"reverse entry {key!r} names {stored[key]!r}")
+        wrong += [f"entry {key!r} of no row" for key in sorted(set(stored) - set(expected.keys.to_pylist()))]
+        if wrong:
+            out.append(Problem("metadata", metadata.layout.dir(partition),
+                               f"{len(wrong)} entries of {partition} disagree with the data (first: {wrong[0]}): "
+                               "`metatable metadata rebuild TABLE`"))
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from contextlib import contextmanager
 from functools import cache, partial
 from itertools import groupby
@@ -14,21 +15,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from indexes.arrow_keys import hash32_array
-from indexes.keys import hash32, record_index_key
+from indexes.arrow_keys import hash32_array, record_index_key_array
+from indexes.keys import hash32
 
 from metatable.commit.context import TableContext
 from metatable.commit.data_commit import completed_at
-from metatable.commit.index_records import entry_of, slice_records
+from metatable.commit.index_records import entry_of, secondary_slice_entries, slice_records
 from metatable.commit.index_states import BASE_TOKEN
 from metatable.errors import IndexingAborted, MissingFileError, SnapshotExpiredError
 from metatable.faults import crash_point
 from metatable.file_group.base_file import BaseFile
 from metatable.file_group.file_slice import FileSlice
+from metatable.formats.log_file import Entries
 from metatable.formats.sst_file import write_sst
 from metatable.metadata.file_group import SENTINEL_KEY, SST_EXTENSION
 from metatable.metadata.layout import file_group_id
-from metatable.metadata.records import KINDS
+from metatable.metadata.records import KINDS, kind_named
 from metatable.progress import progress
 from metatable.spark.tasks import shuffle_sorted
 from metatable.storage.base import Storage
@@ -47,13 +49,19 @@ def build(context: TableContext, indexing: str, partitions: dict[str, int], t: s
         slices = list(context.view(as_of=t).file_slices.values()) if t else []
     if spark is not None:
         return spark_build(context, indexing, partitions, t, slices, spark)
-    wanted = set(partitions)
+    config = context.config_now()  # with the definitions of the secondary indexes scheduled since it opened
+    secondary = {p for p in partitions if config.secondary_columns(p) is not None}
+    wanted = set(partitions) - secondary
     stamp = stamps(context)
     records: dict[str, dict[str, Any]] = {p: {} for p in wanted if p != "record_index"}
     keys = RecordIndexBuild(context, t)
+    spilled = {p: SpilledEntries(context.storage.scratch(context.paths.spill(indexing)), p, partitions[p])
+               for p in secondary}
     for fs in progress(slices, f"indexing {indexing}"):
         with cleaned_files_abort(f"the file slice {fs.partition}/{fs.file_id} as of {t}"):
-            found, live = slice_records(context.storage, context.paths, context.config, fs, wanted, stamp)
+            found, live = slice_records(context.storage, context.paths, config, fs, wanted, stamp)
+            for p in secondary:
+                spilled[p].add(secondary_slice_entries(context.storage, context.paths, config, fs, p, stamp))
         for p, recs in found.items():
             records[p].update(recs)
         if live is not None:
@@ -62,8 +70,12 @@ def build(context: TableContext, indexing: str, partitions: dict[str, int], t: s
     for partition, n in partitions.items():
         if partition == "record_index":
             counts[partition] = keys.write(indexing, n)
+        elif partition in secondary:
+            counts[partition] = spilled[partition].write(context, indexing)
         else:
             counts[partition] = write_records(context, indexing, partition, n, records[partition])
+    if spilled:
+        shutil.rmtree(context.storage.scratch(context.paths.spill(indexing)), ignore_errors=True)
     return counts
 
 
@@ -95,15 +107,63 @@ def base_path(metadata_root: str, partition: str, index: int, indexing: str) -> 
 
 
 def write_records(context: TableContext, indexing: str, partition: str, n: int, records: dict[str, Any]) -> int:
+    """One SST per file group of the records in the form a base stores (those it drops left out: the `files`
+    record of a table whose commits wrote no file lists nothing)."""
     kind = context.metadata.kind(partition)
+    records = {k: stored for k, r in records.items() if (stored := kind.compacted(r)) is not None}
     by_group: list[list[str]] = [[] for _ in range(n)]
     for key in records:
         by_group[context.metadata.layout.file_group_index(partition, key)].append(key)
     for index, keys in enumerate(by_group):
-        items = [(SENTINEL_KEY, b"")] + [(k.encode(), kind.encode(kind.compacted(records[k]))) for k in sorted(keys)]
+        items = [(SENTINEL_KEY, b"")] + [(k.encode(), kind.encode(records[k])) for k in sorted(keys)]
         write_sst(context.storage, base_path(context.metadata.root, partition, index, indexing), items)
         crash_point("indexer.build.file_group")
     return len(records)
+
+
+class SpilledEntries:
+    """A partition's entries, spilled to local Arrow files by metadata file group as file slices yield them,
+    then sorted and written one file group at a time: the build holds one file group's entries, not the
+    index's (the indexer sizes file groups by the table's rows, `ENTRIES_PER_FILE_GROUP`)."""
+
+    SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary())])
+
+    def __init__(self, directory: str, partition: str, n: int) -> None:
+        self.directory = os.path.join(directory, partition)
+        shutil.rmtree(self.directory, ignore_errors=True)  # what a killed build left
+        os.makedirs(self.directory)
+        self.partition, self.n = partition, n
+        self.writers = [pa.ipc.new_stream(self.path(i), self.SCHEMA) for i in range(n)]
+
+    def path(self, index: int) -> str:
+        return os.path.join(self.directory, f"{index}.arrow")
+
+    def add(self, entries: Entries) -> None:
+        group = hash32_array(entries.keys) % self.n if len(entries) else np.zeros(0, np.int64)
+        for index in np.unique(group).tolist():
+            mine = entries.take(np.flatnonzero(group == index))
+            self.writers[index].write_table(pa.table([mine.keys.cast(pa.string()), mine.values.cast(pa.binary())],
+                                                     schema=self.SCHEMA))
+
+    def write(self, context: TableContext, indexing: str) -> int:
+        """One SST per file group (keys in byte order, as RocksDB compares them); returns the entries."""
+        total = 0
+        for index, writer in enumerate(self.writers):
+            writer.close()
+            with pa.memory_map(self.path(index)) as source:
+                entries = pa.ipc.open_stream(source).read_all().combine_chunks()
+            entries = entries.take(pc.sort_indices(entries["key"]))
+
+            def items(entries: pa.Table = entries) -> Iterator[tuple[bytes, bytes]]:  # Python objects a chunk at a time
+                for chunk in entries.to_batches(max_chunksize=1 << 16):
+                    yield from zip(chunk["key"].cast(pa.binary()).to_pylist(), chunk["value"].to_pylist())
+            write_sst(context.storage, base_path(context.metadata.root, self.partition, index, indexing),
+                      distinct_items(items()))
+            crash_point("indexer.build.file_group")
+            total += entries.num_rows
+            del entries
+            os.remove(self.path(index))
+        return total
 
 
 class RecordIndexBuild:
@@ -150,9 +210,7 @@ def slice_entries(fs: FileSlice, keys: pa.Array, stamps: np.ndarray, unique: boo
     kind = KINDS["record_index"]
     distinct, which = np.unique(stamps, return_inverse=True)
     values = [kind.encode(entry_of(fs.partition, fs.file_id, t, int(s))) for s in distinct]
-    if not unique:
-        keys = pc.binary_join_element_wise(pa.scalar(record_index_key(fs.partition, "", False)), keys, "")
-    return keys, values, which.astype(np.int64)
+    return record_index_key_array(fs.partition, keys, unique), values, which.astype(np.int64)
 
 
 # -- the build on Spark: one task per data file group, then one writer per metadata file group ----------------
@@ -166,7 +224,7 @@ def spark_build(context: TableContext, indexing: str, partitions: dict[str, int]
                 slices: list[FileSlice], spark: Any) -> dict[str, int]:
     stamp = stamps(context)
     times = {fs.base.instant for fs in slices if fs.base} | {lf.instant for fs in slices for lf in fs.logs}
-    emit = partial(slice_rows, context.storage, context.paths, context.config, slices, partitions,
+    emit = partial(slice_rows, context.storage, context.paths, context.config_now(), slices, partitions,
                    {time: stamp(time) for time in times}, t)
     write = partial(write_sorted_runs, context.storage, context.metadata.root, indexing)
     with cleaned_files_abort(f"the file slices as of {t}"):
@@ -188,10 +246,17 @@ def slice_rows(storage: Storage, paths: TablePaths, config: TableConfig, slices:
                partitions: dict[str, int], stamps_of: dict[str, int], t: str | None, index: int) -> pa.Table:
     """On an executor: the metadata records of one file slice as (partition, file group, key, value) rows."""
     fs = slices[index]
-    found, live = slice_records(storage, paths, config, fs, set(partitions), stamps_of.__getitem__)
+    secondary = [p for p in partitions if config.secondary_columns(p) is not None]
+    found, live = slice_records(storage, paths, config, fs, set(partitions) - set(secondary), stamps_of.__getitem__)
     parts = []
+    for partition in secondary:
+        entries = secondary_slice_entries(storage, paths, config, fs, partition, stamps_of.__getitem__)
+        parts.append(pa.table({"partition": pa.repeat(partition, len(entries)),
+                               "group": pa.array(hash32_array(entries.keys) % partitions[partition], pa.int32()),
+                               "key": entries.keys.cast(pa.binary()), "value": entries.values.cast(pa.binary())},
+                              EMITTED))
     for partition, records in found.items():
-        kind, n = KINDS[partition], partitions[partition]
+        kind, n = kind_named(partition), partitions[partition]
         keys = list(records)
         parts.append(pa.table({"partition": [partition] * len(keys), "group": [hash32(k) % n for k in keys],
                                "key": [k.encode() for k in keys],

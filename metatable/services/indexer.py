@@ -25,27 +25,33 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from metatable import config as options
+from metatable.commit.change import Change
 from metatable.commit.context import TableContext
 from metatable.commit.data_commit import completed_at, superseded_bases
-from metatable.commit.index_records import Change, change_records, cleaned_bases, removed_bases_records
+from metatable.commit.index_records import change_records, cleaned_bases, removed_bases_records
 from metatable.commit.index_states import catch_up_token, save_states
 from metatable.errors import IndexingAborted, InvalidInputError
 from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET, BaseFile
+from metatable.file_group.slice_reader import base_metadata
 from metatable.file_group.written import WrittenFile
 from metatable.formats.log_file import LogFile
 from metatable.metadata.layout import file_group_id
 from metatable.services.index_build import build, cleaned_files_abort
-from metatable.table_config import BUILDING, METADATA_INDEXES, READY
+from metatable.table_config import (BUILDING, METADATA_INDEXES, READY, check_secondary_indexes,
+                                   secondary_partitions)
 from metatable.timeline.instant import DATA_ACTIONS, Action, Instant, State
 from metatable.timeline.lifecycle import Service, run_pending
 
 log = logging.getLogger(__name__)
 
 WAIT_POLL_S = 0.2
+# entries (a forward and a reverse per row) per file group of a secondary index built for an existing table:
+# the build sorts one file group at a time, so its memory follows this, not the table
+ENTRIES_PER_FILE_GROUP = 4_000_000
 
 
 # -- states -------------------------------------------------------------------------------------------
@@ -97,14 +103,23 @@ def up_to(context: TableContext) -> str | None:
     return last
 
 
-def schedule(context: TableContext, partitions: Sequence[str]) -> str:
-    partitions = list(dict.fromkeys(partitions))
+def schedule(context: TableContext, partitions: Sequence[str],
+             secondary: Mapping[str, str | Sequence[str]] | None = None) -> str:
+    """Plan building `partitions` and the secondary indexes `secondary` (name -> columns)."""
+    definitions = check_secondary_indexes(secondary or {}, context.config_now().schema)
+    partitions = list(dict.fromkeys([*partitions, *secondary_partitions(definitions)]))
     if not partitions:
-        raise InvalidInputError("schedule_indexing needs at least one metadata partition, e.g. ['record_index']")
-    unknown = [p for p in partitions if p not in METADATA_INDEXES]
+        raise InvalidInputError("schedule_indexing needs at least one metadata partition, e.g. ['record_index'], "
+                                "or a secondary index, e.g. secondary={'by_part': ['l_partkey']}")
+    unknown = [p for p in partitions
+               if p not in METADATA_INDEXES and options.secondary_index_name(p) not in definitions]
     if unknown:
-        raise InvalidInputError(f"cannot index {unknown}: the indexer builds {list(METADATA_INDEXES)}")
+        raise InvalidInputError(f"cannot index {unknown}: the indexer builds {list(METADATA_INDEXES)} and secondary "
+                                "indexes (give their columns: secondary={'name': ['column', ...]})")
     counts = {p: options.file_groups(p, context.config.options) for p in partitions}
+    if definitions:  # a secondary index's build holds one file group's entries: size them by the table
+        sized = -(-2 * estimated_rows(context) // ENTRIES_PER_FILE_GROUP)
+        counts.update({p: max(n, sized) for p, n in counts.items() if options.secondary_index_name(p)})
     transactions = context.transactions
     with transactions.lock.held():
         states = settle(context)
@@ -115,15 +130,22 @@ def schedule(context: TableContext, partitions: Sequence[str]) -> str:
                 "; drop an index first to rebuild it (`metatable index drop`), or run a pending indexing "
                 "(`metatable index run`)")
         t = up_to(context)
-        plan = {"partitions": counts, "up_to": t,
+        plan = {"partitions": counts, "up_to": t, "secondary_indexes": definitions,
                 "file_groups": {file_group_id(p, i): {"partition": p, "index": i}
                                 for p, n in counts.items() for i in range(n)}}
         instant = transactions.schedule(Action.INDEXING, plan)
         crash_point("indexer.requested")
         context.metadata.add_partitions(counts)
-        save_states(context.storage, context.paths, {**states, **dict.fromkeys(partitions, BUILDING)})
+        save_states(context.storage, context.paths, {**states, **dict.fromkeys(partitions, BUILDING)}, definitions)
     log.info("scheduled indexing %s of %s (index up to %s)", instant.time, partitions, t)
     return instant.time
+
+
+def estimated_rows(context: TableContext) -> int:
+    """The rows of the latest snapshot's base files (their footers), a write's logs left out."""
+    view = context.view()
+    return sum(base_metadata(context.storage, context.paths.file(fs.partition, fs.base.file_name)).num_rows
+               for fs in view.file_slices.values() if fs.base)
 
 
 # -- execute ----------------------------------------------------------------------------------------------
@@ -139,7 +161,7 @@ def run(context: TableContext, instant: str | None = None, spark: Any = None) ->
 def execute(context: TableContext, instant: Instant, plan: dict[str, Any], spark: Any = None) -> None:
     started = time.monotonic()
     partitions: dict[str, int] = dict(plan["partitions"])
-    ensure_building(context, instant, partitions)
+    ensure_building(context, instant, partitions, plan.get("secondary_indexes", {}))
     t = plan["up_to"]
     counts = build(context, instant.time, partitions, t, spark)
     crash_point("indexer.built")
@@ -163,7 +185,8 @@ def last_completed(context: TableContext) -> str | None:
     return max((i.time for i in context.timeline.completed()), default=None)
 
 
-def ensure_building(context: TableContext, instant: Instant, partitions: dict[str, int]) -> None:
+def ensure_building(context: TableContext, instant: Instant, partitions: dict[str, int],
+                    secondary: Mapping[str, Sequence[str]]) -> None:
     """Finish a schedule that died between its plan and its states (idempotent)."""
     with context.transactions.lock.held():
         states = context.index_states()
@@ -175,7 +198,7 @@ def ensure_building(context: TableContext, instant: Instant, partitions: dict[st
         if ready:
             raise IndexingAborted(f"indexing {instant.time}: {ready} became ready meanwhile; nothing to build")
         context.metadata.add_partitions(missing)
-        save_states(context.storage, context.paths, {**states, **dict.fromkeys(missing, BUILDING)})
+        save_states(context.storage, context.paths, {**states, **dict.fromkeys(missing, BUILDING)}, secondary)
 
 
 # -- catch-up ---------------------------------------------------------------------------------------------
@@ -213,7 +236,7 @@ def apply_missed(context: TableContext, indexing: Instant, partitions: dict[str,
         missing = [p for p in partitions if p not in meta.get("indexes", ())]
         if not missing:
             continue
-        records = instant_records(context, instant, meta, missing)
+        records = instant_records(context, instant, meta, missing, indexing.time)
         context.metadata.append(instant.time, records, catch_up_token(instant.time, indexing.time))
         crash_point("indexer.catch_up")
         applied.append(instant.time)
@@ -221,9 +244,10 @@ def apply_missed(context: TableContext, indexing: Instant, partitions: dict[str,
     return applied
 
 
-def instant_records(context: TableContext, instant: Instant, meta: dict[str, Any],
-                    partitions: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """What a completed instant would have written to `partitions`, from its commit metadata and files."""
+def instant_records(context: TableContext, instant: Instant, meta: dict[str, Any], partitions: Sequence[str],
+                    indexing: str) -> dict[str, dict[str, Any]]:
+    """What a completed instant would have written to `partitions`, from its commit metadata and files (a
+    secondary index's old values from what `indexing` built and caught up so far)."""
     config = context.config
     if instant.action is Action.CLEAN:
         return removed_bases_records(config, cleaned_bases(meta["deleted"]), partitions)
@@ -233,7 +257,9 @@ def instant_records(context: TableContext, instant: Instant, meta: dict[str, Any
         view = context.view(as_of=before[-1]) if before else None
         superseded = superseded_bases(view, files, meta.get("replaced", {})) if view else {}
         return change_records(context.storage, context.paths, config, instant.time,
-                              Change(instant.action, files, superseded, completed_at(context, instant)), partitions)
+                              Change(instant.action, files, superseded, completed_at(context, instant)), partitions,
+                              lambda partition: context.metadata.lookup(partition, base_of=indexing),
+                              written_at=time.time_ns())  # after every instant caught up before it
 
 
 def written_file(context: TableContext, relative: str) -> WrittenFile:

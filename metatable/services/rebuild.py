@@ -71,7 +71,7 @@ def rebuild(context: TableContext) -> RebuildReport:
         up_to = max((i.time for i in context.timeline.completed(DATA_ACTIONS)), default=None)
         states = read_states(storage, paths)
         counts = properties_partitions(storage, paths.metadata) or context.config.metadata_partitions()
-        wanted = context.config.with_index_states(states).metadata_partitions()
+        wanted = context.config_now().metadata_partitions()
         partitions = {p: counts.get(p, n) for p, n in wanted.items()}
         name = REBUILT_PREFIX + time_from_datetime(dt.datetime.now(dt.timezone.utc))
         staging = paths.with_metadata(name)

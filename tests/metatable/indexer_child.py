@@ -1,7 +1,8 @@
 """Child process for indexer tests: schedule and/or run an indexing, or drop an index.
 
 usage: python -m tests.metatable.indexer_child ROOT ACTION OPTIONS_JSON [ARG...]
-ACTION: "schedule", "run", "schedule_run" or "drop" (ARGs: partitions); "write" (ARGs: SEED DEADLINE): upsert
+ACTION: "schedule", "run", "schedule_run" or "drop" (ARGs: partitions, and secondary indexes as name=col,...);
+"write" (ARGs: SEED DEADLINE): upsert
 random batches into partition p<SEED>, deleting some keys every third step, until the wall-clock DEADLINE, or
 until a file exists when DEADLINE is its path (once at least);
 any failure ends it with a traceback (exit 1). Prints the result as JSON; exit 4 on IndexingAborted (prints
@@ -52,7 +53,9 @@ def main() -> None:
         if action == "drop":
             print(json.dumps(table.drop_index(partitions[0])))
             return
-        scheduled = table.schedule_indexing(partitions) if action.startswith("schedule") else None
+        secondary = {arg.split("=")[0]: arg.split("=")[1].split(",") for arg in partitions if "=" in arg}
+        partitions = [arg for arg in partitions if "=" not in arg]
+        scheduled = table.schedule_indexing(partitions, secondary) if action.startswith("schedule") else None
         done = table.run_indexing() if action.endswith("run") else []
         print(json.dumps({"scheduled": scheduled, "done": done}))
     except IndexingAborted as e:

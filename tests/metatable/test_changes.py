@@ -117,6 +117,21 @@ def check_sequence(table: pa.Table, partitioned: bool) -> None:
             assert first["_change_type"] == "update_preimage" and first["id"] == second["id"]
 
 
+def run_service(table: mt.Table, path: str, operation: str, index: str) -> None:
+    """A compaction, clustering, resize (of a bucket index) or clean between writes."""
+    if operation == "compact":
+        table.compact()
+    elif operation == "cluster":
+        table.cluster()
+    elif operation == "resize":
+        if index == "simple":
+            table.cluster(num_buckets=3 if table.config.index.num_buckets == 2 else 2)
+        elif index == "consistent_hashing":
+            mt.Table.open(path, options=GROW).cluster()
+    else:
+        mt.Table.open(path, options={"clean.retain_commits": 3}).clean()
+
+
 def between(instant: str) -> dt.datetime:
     """A moment after an instant and before the next (instant times are milliseconds)."""
     return datetime_from_time(instant) + dt.timedelta(microseconds=500)
@@ -147,17 +162,8 @@ def test_changes_and_time_travel_equal_the_model(tmp_path, table_type, index, op
             else:
                 result = table.delete(data if partitioned else data.select(["id"]))
             model.write(result.instant, operation, keys, step)
-        elif operation == "compact":
-            table.compact()
-        elif operation == "cluster":
-            table.cluster()
-        elif operation == "resize":
-            if index == "simple":
-                table.cluster(num_buckets=3 if table.config.index.num_buckets == 2 else 2)
-            elif index == "consistent_hashing":
-                mt.Table.open(path, options=GROW).cluster()
         else:
-            mt.Table.open(path, options={"clean.retain_commits": 3}).clean()
+            run_service(table, path, operation, index)
     table = mt.Table.open(path)
     for instant in table.timeline():
         moments += [instant.time, between(instant.time)]

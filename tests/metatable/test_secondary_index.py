@@ -1,0 +1,347 @@
+"""Secondary indexes: a model test on both table types and every index engine (updates that change an indexed
+value, to null too, updates that lose on the ordering field, deletes, compactions, clusterings, resizes,
+cleans), the async indexer building one while writer processes write, the CLI, Spark's pushed filters, and
+the build on Spark."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+import uuid
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import metatable as mt
+from indexes import secondary_keys as sk
+from metatable.errors import InvalidInputError
+
+from .table_model import SCHEMA as WRITER_SCHEMA, copy_table
+from .test_changes import INDEXES, run_service
+from .test_indexer import OPTIONS, indexer, succeeded
+
+SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("g", pa.int64()), ("h", pa.string()),
+                    ("ts", pa.int64())])
+G = [0, 1, 2, None]
+H = ["x", "y", None]
+ROWS = st.lists(st.tuples(st.integers(0, 11), st.sampled_from(["a", "b"]), st.sampled_from(G), st.sampled_from(H),
+                          st.integers(0, 3)), min_size=1, max_size=8)
+OPERATIONS = st.lists(st.one_of(st.tuples(st.just("upsert"), ROWS), st.tuples(st.just("delete"), ROWS),
+                                st.tuples(st.sampled_from(["compact", "cluster", "resize", "clean"]), st.just([]))),
+                      min_size=2, max_size=8)
+
+
+class Model:
+    def __init__(self, partitioned: bool) -> None:
+        self.partitioned = partitioned
+        self.rows: dict[tuple, tuple] = {}  # identity -> (id, p, g, h, ts)
+        self.history: list[tuple[str, dict]] = []
+
+    def identity(self, key: int, p: str) -> tuple:
+        return (p, key) if self.partitioned else key
+
+    def upsert(self, rows: list[tuple]) -> None:
+        for row in rows:
+            k = self.identity(row[0], row[1])
+            if k not in self.rows or row[4] >= self.rows[k][4]:
+                self.rows[k] = row
+
+    def delete(self, rows: list[tuple]) -> None:
+        for row in rows:
+            self.rows.pop(self.identity(row[0], row[1]), None)
+
+    def by(self, g=..., h=...) -> list[tuple]:
+        return sorted((r for r in self.rows.values() if (g is ... or r[2] == g) and (h is ... or r[3] == h)), key=str)
+
+
+def tuples(table: pa.Table) -> list[tuple]:
+    return sorted(((r["id"], r["p"], r["g"], r["h"], r["ts"]) for r in table.to_pylist()), key=str)
+
+
+def check(table: mt.Table, model: Model) -> None:
+    """Every query by value equals the model: present, absent and null values, single and composite, full and
+    prefix, get_by and filters (which the index answers)."""
+    for g in G + [7]:
+        assert tuples(table.get_by("by_g", [g])) == model.by(g=g), f"g = {g}"
+        assert tuples(table.get_by("by_gh", [(g,)])) == model.by(g=g), f"g = {g} (prefix)"
+        for h in H:
+            assert tuples(table.get_by("by_gh", [(g, h)])) == model.by(g=g, h=h), f"(g, h) = {(g, h)}"
+        if g is not None:
+            assert tuples(table.to_arrow(filter=[("g", "==", g)])) == model.by(g=g)
+            assert table.last_scan["secondary_index"] == "by_g"
+    both = sorted(model.by(g=0) + model.by(g=2), key=str)
+    assert tuples(table.get_by("by_g", [0, 2])) == both
+    assert tuples(table.to_arrow(filter=[("g", "in", [0, 2])])) == both
+    assert tuples(table.to_arrow(filter=[("g", "==", 1), ("h", "==", "x")])) == model.by(g=1, h="x")
+    assert table.last_scan["secondary_index"] == "by_gh"
+
+
+@pytest.mark.parametrize("index", sorted(INDEXES))
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(operations=OPERATIONS)
+def test_queries_by_value_equal_the_model(tmp_path, table_type, index, operations):
+    config, partitioned, metadata_indexes = INDEXES[index]
+    path = str(tmp_path / uuid.uuid4().hex[:8])
+    table = mt.Table.create(path, SCHEMA, "id", "p" if partitioned else None, "ts", table_type=table_type, index=config,
+                            metadata_indexes=metadata_indexes, secondary_indexes={"by_g": "g", "by_gh": ["g", "h"]},
+                            options={"clean.retain_commits": 3, "clean.inline": False,
+                                     "compaction.trigger.log_count": 0, "clustering.small_file_limit": 1 << 20})
+    model = Model(partitioned)
+    snapshots = []
+    for operation, rows in operations:
+        rows = list({model.identity(r[0], r[1]): r for r in rows}.values())  # a record once per batch
+        if operation == "upsert":
+            result = table.upsert(pa.Table.from_pylist([dict(zip(SCHEMA.names, r)) for r in rows], schema=SCHEMA))
+            model.upsert(rows)
+            snapshots.append((result.instant, dict(model.rows)))
+        elif operation == "delete":
+            keys = pa.table({"id": pa.array([r[0] for r in rows], pa.int64()), "p": [r[1] for r in rows]})
+            result = table.delete(keys if partitioned else keys.select(["id"]))
+            model.delete(rows)
+            snapshots.append((result.instant, dict(model.rows)))
+        else:
+            run_service(table, path, operation, index)
+        check(table, model)
+    # as of every retained earlier write, queries by value equal the model then
+    readable_from = table.context.view().readable_from
+    for instant, rows in snapshots:
+        if instant >= readable_from:
+            then = Model(partitioned)
+            then.rows = rows
+            assert tuples(table.to_arrow(as_of=instant, filter=[("g", "==", 1)])) == then.by(g=1)
+            for g, h in ((1, "x"), (None, None), (2, ...)):
+                value = (g,) if h is ... else (g, h)
+                got, report = table.get_by("by_gh", [value], as_of=instant, explain=True)
+                assert tuples(got) == then.by(g=g, h=h), f"{value} as of {instant}"
+            if instant != snapshots[-1][0]:
+                assert "secondary_index" not in table.last_scan and report["index"] is None
+    report = table.fsck()
+    assert report.healthy, report.problems
+    maintained = entries(table, "secondary_index_by_gh")
+    table.rebuild_metadata()
+    assert entries(table, "secondary_index_by_gh") == maintained  # what a build from the data files holds
+    check(table, model)
+
+
+def entries(table: mt.Table, partition: str) -> list[tuple]:
+    """A secondary index's entries, without when they were computed."""
+    table.metadata.refresh()
+    return [(k, r["value"], r["ordering"], r["partition_path"], r["file_id"])
+            for k, r in table.metadata.scan(partition)]
+
+
+def test_key_encoding_vectors():
+    assert sk.tokens([pa.array(["a\x1eb", "", None]), pa.array([1, None, 3])]).to_pylist() == [
+        "=a\x1d1b\x1f=1", "=\x1f!", "!\x1f=3"]
+    assert sk.value_tokens([-0.0], [pa.float64()]) == sk.value_tokens([0.0], [pa.float64()]) == ["=0"]
+    assert sk.value_tokens([True, None], [pa.bool_(), pa.string()]) == ["=true\x1f!"]
+    ts = pa.array([1_700_000_000_123_456], pa.timestamp("us", tz="UTC"))
+    assert sk.texts(ts).to_pylist() == ["1700000000123456"]
+    assert sk.forward_keys(pa.array(["=1"]), pa.array(["k"])).to_pylist() == ["=1\x1ek"]
+    assert sk.reverse_keys(pa.array(["k"])).to_pylist() == ["\x1ek"]
+    assert sk.scan_prefix("=1", whole=False) == "=1\x1f" and sk.index_key_of("=1\x1f!\x1ek\x1ex") == "k\x1ex"
+
+
+@given(values=st.lists(st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)), min_size=1),
+       floats=st.lists(st.floats(allow_nan=False), min_size=1), strings=st.lists(st.text(), min_size=1))
+def test_texts_round_trip_and_tokens_are_distinct(values, floats, strings):
+    for array in (pa.array(values, pa.int64()), pa.array(values, pa.int64()).view(pa.timestamp("us"))):
+        assert sk.from_texts(sk.texts(array), array.type).equals(array)
+    array = pa.array(floats, pa.float64())
+    assert sk.from_texts(sk.texts(array), array.type).to_pylist() == [v + 0.0 for v in floats]  # -0.0 is 0.0
+    tokens = sk.tokens([pa.array(strings, pa.string())]).to_pylist()
+    assert len(set(tokens)) == len(set(strings))  # distinct values, distinct tokens
+    assert all(sk.KEY_SEP not in t and sk.COLUMN_SEP not in t for t in tokens)
+
+
+def test_declaring_and_refusals(tmp_path):
+    with pytest.raises(InvalidInputError, match="not in the table"):
+        mt.Table.create(str(tmp_path / "a"), SCHEMA, "id", secondary_indexes={"by_x": ["x"]})
+    with pytest.raises(InvalidInputError, match="lower-case"):
+        mt.Table.create(str(tmp_path / "b"), SCHEMA, "id", secondary_indexes={"By X": ["g"]})
+    table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", secondary_indexes={"by_g": "g"})
+    assert table.indexes() == {"column_stats": "ready", "secondary_index_by_g": "ready"}
+    with pytest.raises(InvalidInputError, match="no secondary index 'by_h'"):
+        table.get_by("by_h", ["x"])
+    with pytest.raises(InvalidInputError, match="takes 1 to 1 values"):
+        table.get_by("by_g", [(1, 2)])
+    with pytest.raises(InvalidInputError, match="already indexed"):
+        table.schedule_indexing(secondary={"by_g": ["g"]})
+    table.schedule_indexing(secondary={"by_h": ["h"]})
+    with pytest.raises(InvalidInputError, match="still building"):
+        table.get_by("by_h", ["x"])
+    table.drop_index("secondary_index_by_h")
+    assert table.config.secondary_indexes == {"by_g": ("g",)}
+
+
+def seeded(root: str) -> mt.Table:
+    table = mt.Table.create(root, WRITER_SCHEMA, "id", partition_by="p", ordering_field="ts",
+                            index=mt.IndexConfig(num_buckets=2), options=OPTIONS)
+    for p in ("p0", "p1"):
+        table.upsert(pa.Table.from_pylist([{"id": i, "p": p, "v": f"seed-{i % 7}", "ts": 1} for i in range(300)],
+                                          schema=WRITER_SCHEMA))
+    return table
+
+
+def check_against_the_data(root: str, tmp_path) -> None:
+    """fsck finds the index equal to the data; queries equal a filter of a full read; and the index equals
+    one built from scratch on a copy."""
+    table = mt.Table.open(root, options=OPTIONS)
+    assert table.indexes()["secondary_index_by_v"] == "ready"
+    report = table.fsck()
+    assert report.healthy, report.problems
+    data = table.to_arrow()
+    for v in sorted(set(data["v"].to_pylist()))[:12] + ["absent"]:
+        want = sorted(r["id"] * 10 + int(r["p"][1]) for r in data.to_pylist() if r["v"] == v)
+        got = table.get_by("by_v", [v])
+        assert sorted(r["id"] * 10 + int(r["p"][1]) for r in got.to_pylist()) == want, v
+    copy = str(tmp_path / f"scratch-{time.time_ns()}")
+    copy_table(root, copy)
+    scratch = mt.Table.open(copy, options=OPTIONS)
+    scratch.drop_index("secondary_index_by_v")
+    scratch.schedule_indexing(secondary={"by_v": "v"})
+    scratch.run_indexing()
+    assert entries(scratch, "secondary_index_by_v") == entries(table, "secondary_index_by_v")
+
+
+def test_the_async_indexer_builds_one_while_writers_write_and_drops_it(tmp_path, monkeypatch):
+    """Two writer processes upsert and delete (with ordering values that lose, too) for the whole indexing;
+    commits during the build leave the index to the indexer's catch-up, commits after it write it. Then it is
+    dropped while they write."""
+    root = str(tmp_path / "t")
+    table = seeded(root)
+    stop = str(tmp_path / "stop")
+    writers = [indexer(root, "write", str(seed), stop) for seed in (0, 1)]
+    time.sleep(1.0)
+    monkeypatch.setenv("METATABLE_PAUSE_AT", "indexer.built:1")
+    indexing = table.schedule_indexing(secondary={"by_v": ["v"]})
+    table.run_indexing()
+    time.sleep(0.5)  # commits after the index is ready write it themselves
+    open(stop, "w").close()
+    assert all(json.loads(succeeded(w)) > 3 for w in writers)
+    timeline = table.context.timeline
+    during = [i for i in timeline.completed() if i.time > indexing and "indexes" in timeline.read_json(i)]
+    assert any("secondary_index_by_v" in timeline.read_json(i)["indexes"] for i in during)
+    check_against_the_data(root, tmp_path)
+
+    stop = str(tmp_path / "stop-again")
+    writers = [indexer(root, "write", str(seed), stop) for seed in (2, 3)]
+    time.sleep(1.0)
+    assert json.loads(succeeded(indexer(root, "drop", "secondary_index_by_v"))) == []
+    time.sleep(0.5)
+    open(stop, "w").close()
+    assert all(json.loads(succeeded(w)) > 1 for w in writers)
+    table = mt.Table.open(root, options=OPTIONS)
+    assert "secondary_index_by_v" not in table.indexes() and table.config.secondary_indexes == {}
+    assert table.fsck().healthy
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["indexer.build.file_group", "indexer.catch_up", "indexer.ready"])
+def test_sigkill_of_the_build_at_named_points(tmp_path, point):
+    root = str(tmp_path / "t")
+    seeded(root)
+    writers = [indexer(root, "write", str(seed), str(time.time() + 4)) for seed in (0, 1)]
+    time.sleep(0.5)
+    killed = indexer(root, "schedule_run", "by_v=v", METATABLE_CRASH_AT=f"{point}:1")
+    assert killed.wait(60) == -signal.SIGKILL
+    assert all(json.loads(succeeded(w)) > 0 for w in writers)
+    time.sleep(2.5)  # the dead indexer's heartbeat expires
+    mt.Table.open(root, options=OPTIONS).run_indexing()
+    check_against_the_data(root, tmp_path)
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_build_at_random_moments(tmp_path):
+    rng = random.Random(11)
+    for attempt in range(2):
+        root = str(tmp_path / f"t{attempt}")
+        seeded(root)
+        writer = indexer(root, "write", "0", str(time.time() + 3))
+        proc = indexer(root, "schedule_run", "by_v=v")
+        time.sleep(rng.uniform(0.3, 2.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        assert json.loads(succeeded(writer)) > 0
+        time.sleep(2.5)
+        table = mt.Table.open(root, options=OPTIONS)
+        if table.indexes().get("secondary_index_by_v") is None:
+            table.schedule_indexing(secondary={"by_v": "v"})
+        table.run_indexing()
+        check_against_the_data(root, tmp_path)
+
+
+def test_the_cli_declares_schedules_queries_and_drops(tmp_path, capsys):
+    from metatable.cli import main
+    path = str(tmp_path / "t")
+    data = tmp_path / "in.parquet"
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"id": list(range(20)), "p": ["a"] * 20, "g": [i % 3 for i in range(20)],
+                             "h": [str(i % 2) for i in range(20)], "ts": [1] * 20}).cast(SCHEMA), str(data))
+    main(["create", path, "--schema", "id:int64,p:string,g:int64,h:string,ts:int64", "--key", "id",
+          "--secondary", "by_gh=g,h"])
+    main(["upsert", path, str(data)])
+    capsys.readouterr()
+    main(["get-by", path, "by_gh", "1,0", "2", "--output", "json"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(r["id"] for r in rows) == sorted([i for i in range(20) if i % 3 == 1 and i % 2 == 0] +
+                                                   [i for i in range(20) if i % 3 == 2])
+    main(["index", "schedule", path, "--secondary", "by_h=h"])
+    main(["index", "run", path, "--nice", "0"])
+    main(["index", "status", path, "--output", "json"])
+    status = {json.loads(line)["partition"]: json.loads(line) for line in capsys.readouterr().out.splitlines()
+              if line.startswith("{")}
+    assert status["secondary_index_by_h"]["state"] == "ready" and status["secondary_index_by_h"]["records"] == 40
+    main(["index", "drop", path, "secondary_index_by_h"])
+    assert mt.Table.open(path).config.secondary_indexes == {"by_gh": ("g", "h")}
+
+
+def test_spark_reads_only_the_slices_the_index_names_and_builds_alike(spark, tmp_path):
+    path = str(tmp_path / "t")
+    table = mt.Table.create(path, SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=4),
+                            secondary_indexes={"by_g": "g"})
+    table.upsert(pa.Table.from_pylist([{"id": i, "p": "ab"[i % 2], "g": i, "h": "x", "ts": 1} for i in range(200)],
+                                      schema=SCHEMA))
+    df = spark.read.format("metatable").load(path).filter("g in (7, 8)")
+    assert sorted(r["id"] for r in df.collect()) == [7, 8]
+    assert df.rdd.getNumPartitions() == 2  # of 8 file slices, the two that hold them
+    copy = str(tmp_path / "copy")
+    copy_table(path, copy)
+    built = mt.Table.open(copy)
+    built.drop_index("secondary_index_by_g")
+    built.schedule_indexing(secondary={"by_g": "g"})
+    built.run_indexing(spark=spark)
+    original = mt.Table.open(path)
+    assert [k for k, _ in built.metadata.scan("secondary_index_by_g")] == [
+        k for k, _ in original.metadata.scan("secondary_index_by_g")]
+    assert tuples(built.get_by("by_g", [3])) == tuples(original.get_by("by_g", [3]))
+
+
+RECORDS = st.lists(st.fixed_dictionaries({
+    "partition_path": st.text(max_size=300), "file_id": st.text(max_size=5),
+    "completed_at": st.integers(-2**63, 2**63 - 1), "written_at": st.integers(-2**63, 2**63 - 1),
+    "is_deleted": st.booleans(), "value": st.one_of(st.none(), st.text(max_size=200)),
+    "ordering": st.one_of(st.none(), st.text(max_size=3))}), min_size=1, max_size=40)
+
+
+@given(records=RECORDS)
+def test_column_encoding_is_fastavros_byte_for_byte(records):
+    import io
+
+    import fastavro
+
+    from avro_schemas import schema
+    from metatable.formats.avro_columns import encode_columns
+    parsed = schema("secondary_index")
+    types = {"completed_at": pa.int64(), "written_at": pa.int64(), "is_deleted": pa.bool_()}
+    columns = {f["name"]: pa.array([r[f["name"]] for r in records], types.get(f["name"], pa.string()))
+               for f in parsed["fields"]}
+    for shared in ({}, {"partition_path": "p=x", "written_at": 7, "value": None}):
+        got = encode_columns(parsed, {**columns, **shared}, len(records)).to_pylist()
+        for raw, record in zip(got, records):
+            buffer = io.BytesIO()
+            fastavro.schemaless_writer(buffer, parsed, {**record, **shared})
+            assert raw == buffer.getvalue()
