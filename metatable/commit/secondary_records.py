@@ -86,9 +86,9 @@ def secondary_records(storage: Storage, paths: TablePaths, config: TableConfig, 
 
 def sequenced(versions: pa.Table) -> pa.Table:
     """Versions in the order data merges them: by when their commit completed, then by file within a commit.
-    Under the table lock every stored entry completed before the commit; the indexer's catch-up applies an
-    instant after later ones wrote the partition, and a stored entry that completed later wins there, as its
-    row does in the data."""
+    Under the table lock every stored entry completed before the commit; the indexer's catch-up applies
+    instants in timeline order, which is not always completion order, and a stored row whose commit completed
+    later wins there, as it does in the data."""
     stamp = versions[STAMP].to_numpy()
     order = versions[SEQ_COLUMN].to_numpy()
     by = np.lexsort((order, stamp))  # dense ranks of (stamp, order): np.unique(axis=0) took 0.45 s for 600k
