@@ -424,7 +424,8 @@ class Table:
                           secondary: Mapping[str, str | Sequence[str]] | None = None) -> str:
         """Plan building metadata indexes (`bloom_filter`, `column_stats`, `record_index`, and secondary indexes:
         `secondary` maps a name to its column(s)) of this table while writers keep writing: from now on every
-        commit maintains them. Returns the indexing instant."""
+        commit maintains them (commits during a secondary index's build are caught up by the indexer). Returns
+        the indexing instant."""
         done = indexer.schedule(self.context, as_tuple(partitions), secondary)
         self._reopen()
         return done

@@ -187,7 +187,7 @@ def int_column_max(storage: Storage, path: str, column: str) -> int | None:
     return best
 
 
-def stored_values(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice, keys: pa.Array,
+def stored_values(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice | None, keys: pa.Array,
                   column: str, above: int | None = None, logs: Sequence[pa.Table] | None = None) -> pa.ChunkedArray:
     """`column` of each key's live row in the slice (null for a key it lacks): the base's rows of the keys,
     read page by page where the file has a key page index and the keys are few next to its pages (as `get`
@@ -197,8 +197,12 @@ def stored_values(storage: Storage, paths: TablePaths, config: TableConfig, fs: 
     is one of them reads as null. New rows' ordering values are usually the greatest: upserts into a
     merge-on-read table of 1M rows in 8 file groups, with a log each, cost 53 -> 119 ms (100 rows) and
     154 -> 346 ms (100k rows) to count what lost, reading everything; 50 -> 55 ms and 165 -> 188 ms so
-    (medians of 5, alternated). `logs`: the slice's log blocks already read (key, `column`, delete flag)."""
+    (medians of 5, alternated). `logs`: the slice's log blocks already read (key, `column`, delete flag).
+    No slice (the index placed keys in a file group this writer's snapshot does not have yet: the chaos soak
+    found it, a record index current to a clustering that completed after the write began): nulls."""
     field = config.storage_schema.field(column)
+    if fs is None:
+        return pa.chunked_array([pa.nulls(len(keys), field.type)])
     schema = pa.schema([(KEY_COLUMN, pa.string()), field])
     path = base_path(paths, fs)
     base = schema.empty_table()

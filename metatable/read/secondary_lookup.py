@@ -43,9 +43,9 @@ def usable(view: TimelineView, name: str) -> tuple[str, ...]:
     return columns
 
 
-def query_tokens(config: TableConfig, columns: Sequence[str], values: Sequence[Any]) -> list[str]:
-    """The token string of each value: a scalar for a one-column index, else a tuple of the first values of
-    the index's columns (None for null)."""
+def query_tokens(config: TableConfig, columns: Sequence[str], values: Sequence[Any]) -> list[tuple[int, str]]:
+    """(how many columns, token string) of each value: a scalar for a one-column index, else a tuple of the
+    first values of the index's columns (None for null)."""
     out = []
     for value in values:
         row = tuple(value) if isinstance(value, (tuple, list)) else (value,)

@@ -126,8 +126,6 @@ def files_partition_mismatch(context: TableContext, expected: dict[str, dict[str
     return out
 
 
-
-
 def secondary_index_mismatch(context: TableContext) -> list[Problem]:
     """Entries a ready secondary index lacks, has beyond the latest snapshot's rows, or whose reverse entry names
     other values (a commit would tombstone the wrong entry)."""
