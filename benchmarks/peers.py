@@ -131,8 +131,9 @@ def make_batches(source: str, workdir: str, batch_rows: int = 0) -> dict[str, st
     """The upsert batch (5% of the rows, or about `batch_rows`) and the skewed batch of the same size (80% from
     ship year 1995), sampled batch by batch with a fixed seed: 90% updates (quantity + 1, comment
     "updated"), 10% new keys (order key shifted past the max)."""
-    paths = {"upsert": os.path.join(workdir, "batch.parquet"),
-             "upsert_skewed": os.path.join(workdir, "batch_skewed.parquet")}
+    of = os.path.basename(source).removesuffix(".parquet") + (f"-{batch_rows}" if batch_rows else "")
+    paths = {"upsert": os.path.join(workdir, f"batch-{of}.parquet"),  # named by what they were made of: a work
+             "upsert_skewed": os.path.join(workdir, f"batch_skewed-{of}.parquet")}  # directory has several
     if all(os.path.exists(p) for p in paths.values()):
         return paths
     data = ds.dataset(source)

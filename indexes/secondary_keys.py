@@ -98,10 +98,6 @@ def scan_prefix(token_string: str, whole: bool) -> str:
     return token_string + (KEY_SEP if whole else COLUMN_SEP)
 
 
-def is_reverse(key: str) -> bool:
-    return key.startswith(KEY_SEP)
-
-
 def index_key_of(forward_key: str) -> str:
     """The `record_index` key a forward entry's key ends with."""
     return forward_key.split(KEY_SEP, 1)[1]

@@ -49,8 +49,9 @@ def change_records(storage: Storage, paths: TablePaths, config: TableConfig, ins
                    partitions: Iterable[str], current: Callable[[str], Current],
                    written_at: int | None = None) -> dict[str, Records | Entries]:
     """The records of `change` in each of the given metadata index partitions. `current(partition)`: the
-    records of keys in that partition as they are now (a secondary index's reverse entries); `written_at`: when
-    they are computed (default: when the change completed, as a commit computes them)."""
+    entries of keys in that partition as they are now (a secondary index's reverse entries); `written_at`: when
+    they are computed (default: when the change completed, as a commit computes them under the table lock,
+    after every stored version; a catch-up gives the time it computes them)."""
     wanted = set(partitions)
     out: dict[str, Records | Entries] = {p: {} for p in METADATA_INDEXES if p in wanted}
     if wanted & {"column_stats", "bloom_filter"}:
@@ -66,7 +67,8 @@ def change_records(storage: Storage, paths: TablePaths, config: TableConfig, ins
     for partition in sorted(wanted):
         if config.secondary_columns(partition) is not None:
             out[partition] = secondary_records(storage, paths, config, change, partition, current(partition),
-                                               change.completed_at if written_at is None else written_at)
+                                               change.completed_at if written_at is None else written_at,
+                                               after_stored=written_at is None)
     return {p: recs for p, recs in out.items() if recs}
 
 

@@ -22,7 +22,7 @@ before the index becomes ready. So the index equals one built from the data at a
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -36,27 +36,29 @@ from metatable.commit.change import Change
 from metatable.file_group.base_file import PARQUET
 from metatable.file_group.record_merge import SEQ_COLUMN, survivors
 from metatable.file_group.slice_reader import log_columns, read_base
-from metatable.formats.avro_columns import encode_columns
+from metatable.formats.avro_columns import decode_columns, encode_columns
 from metatable.formats.log_file import Entries
-from metatable.metadata.records import KINDS, Record
+from metatable.metadata.records import KINDS
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
 from metatable.timeline.instant import Action
 
-Current = Callable[[list[str]], Mapping[str, Record]]  # reverse entry keys -> their records (absent: none)
+Current = Callable[[pa.Array], Entries]  # reverse entry keys -> the entries of those present
 
 TOKEN, ORDERING_TEXT, PARTITION, FILE_ID = "_si_token", "_si_ordering", "_si_partition", "_si_file_id"
 STAMP = "_si_stamp"  # when the commit of a version completed
 SCHEMA = schema("secondary_index")
-STORED = pa.schema([("partition_path", pa.string()), ("file_id", pa.string()), ("completed_at", pa.int64()),
-                    ("value", pa.string()), ("ordering", pa.string())])  # what a commit reads of a reverse entry
 
 
 def secondary_records(storage: Storage, paths: TablePaths, config: TableConfig, change: Change, partition: str,
-                      current: Current, written_at: int) -> Entries:
+                      current: Current, written_at: int, after_stored: bool) -> Entries:
     """The entries `change` writes to one secondary index partition, computed at `written_at` (ns; entries
-    merge in this order)."""
+    merge in this order). `after_stored`: the change completed after every stored version (a commit under the
+    table lock), so a key whose outcome differs from the stored one only in when its commit completed keeps
+    its entries: every later computation is a later commit, whose versions follow the stored one whatever its
+    stamp. This is most updates (their indexed values unchanged), and it kept a 5% upsert at SF 1 from
+    rewriting 541,508 entries. A catch-up applies instants out of completion order and keeps stamps exact."""
     if change.action is Action.COMPACTION or not change.files:
         return Entries.empty()
     columns = config.secondary_columns(partition)
@@ -81,7 +83,8 @@ def secondary_records(storage: Storage, paths: TablePaths, config: TableConfig, 
     stored = stored_versions(config, keys, current)
     written = written.append_column(STAMP, pa.repeat(change.completed_at, written.num_rows).cast(pa.int64()))
     outcome = survivors(sequenced(pa.concat_tables([stored, written])), config.ordering_field)
-    return entries_of(stored, outcome, written_at)
+    return entries_of(stored, outcome, written_at, compared=(TOKEN, PARTITION, FILE_ID, *(
+        [ORDERING_TEXT] if config.ordering_field else []), *([] if after_stored else [STAMP])))
 
 
 def sequenced(versions: pa.Table) -> pa.Table:
@@ -153,9 +156,9 @@ def version_table(config: TableConfig, keys: pa.Array, deleted: pa.Array | pa.Ch
 
 def stored_versions(config: TableConfig, keys: pa.Array, current: Current) -> pa.Table:
     """The reverse entries of `keys` as versions (file order 0, stamped with when they completed)."""
-    found = current(sk.reverse_keys(keys).to_pylist())
-    records = pa.Table.from_pylist(list(found.values()), schema=STORED) if found else STORED.empty_table()
-    present = pc.utf8_slice_codeunits(pa.array(list(found), pa.string()), len(sk.KEY_SEP))
+    found = current(sk.reverse_keys(keys))
+    records = decode_columns(SCHEMA, found.values)
+    present = pc.utf8_slice_codeunits(found.keys.cast(pa.string()), len(sk.KEY_SEP))
     ordering = None
     if config.ordering_field:
         ordering = sk.from_texts(records["ordering"].combine_chunks(), config.schema.field(config.ordering_field).type)
@@ -164,14 +167,16 @@ def stored_versions(config: TableConfig, keys: pa.Array, current: Current) -> pa
     return table.append_column(STAMP, records["completed_at"])
 
 
-def entries_of(stored: pa.Table, outcome: pa.Table, written_at: int) -> Entries:
-    """Forward and reverse entries and tombstones of the keys whose outcome differs from what is stored; each
-    entry stamped with when the commit of its row completed."""
+def entries_of(stored: pa.Table, outcome: pa.Table, written_at: int, compared: tuple[str, ...]) -> Entries:
+    """Forward and reverse entries and tombstones of the keys whose outcome differs from what is stored in a
+    `compared` column; each entry stamped with when the commit of its row completed."""
     described = [TOKEN, PARTITION, FILE_ID, STAMP, *([ORDERING_TEXT] if ORDERING_TEXT in stored.column_names else [])]
-    old = stored.select([KEY_COLUMN, *described]).rename_columns([KEY_COLUMN, *(f"old{c}" for c in described)])
-    joined = outcome.select([KEY_COLUMN, *described]).join(old, KEY_COLUMN, join_type="left outer")
+    joined = outcome.select([KEY_COLUMN, *described])
+    at = pc.index_in(joined[KEY_COLUMN], value_set=stored[KEY_COLUMN])  # a left join on unique keys: 0.21 s
+    for c in described:                                                 # for 300k keys as a join, 0.05 s so
+        joined = joined.append_column(f"old{c}", stored[c].take(at))
     same = pa.repeat(True, joined.num_rows)
-    for c in described:  # null-aware: a null ordering value equals a null one
+    for c in compared:  # null-aware: a null ordering value equals a null one
         equal = pc.fill_null(pc.equal(joined[c], joined[f"old{c}"]), False)
         both_null = pc.and_(pc.is_null(joined[c]), pc.is_null(joined[f"old{c}"]))
         same = pc.and_(same, pc.or_(equal, both_null))

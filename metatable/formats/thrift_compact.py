@@ -280,11 +280,12 @@ def _zigzag(n: int) -> bytes:
     return _varint_bytes((n << 1) ^ (n >> 63))
 
 
-def encode_struct(fields: list[tuple[int, int, Any]]) -> bytes:
+def encode_struct(fields: list[tuple[int, int, Any]], after: int = 0) -> bytes:
     """A struct of (field id, kind, value), ids ascending. A STRUCT value is its encoded bytes; a LIST value
-    is (element kind, items), items encoded as the element kind (structs as their bytes)."""
+    is (element kind, items), items encoded as the element kind (structs as their bytes). `after`: the last
+    field id of the struct's beginning, encoded apart (these fields and the end go after it)."""
     out = bytearray()
-    last = 0
+    last = after
     for field_id, kind, value in fields:
         delta = field_id - last
         out += bytes([(delta << 4) | kind]) if 0 < delta <= 15 else bytes([kind]) + _zigzag(field_id)

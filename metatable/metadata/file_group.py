@@ -179,6 +179,27 @@ class MetadataFileGroup:
                     out[key] = shown
         return out
 
+    def get_entries(self, keys: pa.Array) -> Entries:
+        """`get_visible` as columns, nothing decoded, for kinds that merge columns (`RecordKind.merges_columns`):
+        the present keys' values from one sorted multi-get of the base, merged with the log entries of these
+        keys alone."""
+        keys = keys.cast(pa.large_string())
+        keys = keys.take(pc.sort_indices(keys))  # sorted multi-gets read RocksDB blocks in order
+        parts = []
+        base = self.base_reader()
+        if base is not None and len(keys):
+            raws = pa.array(base.get_many(keys.cast(pa.large_binary()).to_pylist()), pa.large_binary())
+            found = raws.is_valid()
+            parts.append(Entries(keys.filter(found), raws.filter(found)))
+        logged = self._entries()
+        wanted = np.flatnonzero(pc.is_in(logged.keys, value_set=keys).to_numpy(zero_copy_only=False)) \
+            if len(logged) and len(keys) else []
+        if len(wanted):
+            touched = logged.take(wanted)
+            parts.append(Entries(touched.keys.cast(pa.large_string()), touched.values.cast(pa.large_binary())))
+            return self.kind.compacted_columns(Entries.concat(parts, may_repeat=False))
+        return parts[0] if parts else Entries.empty()
+
     def _logged(self, keys: list[str]) -> dict[str, Record]:
         """The folded log records of `keys` alone: only their entries are decoded, not every key's."""
         entries = self._entries()
@@ -231,11 +252,14 @@ class MetadataFileGroup:
         merged records where one did; keys whose merged state is absent are dropped. A kind that merges
         columns (`RecordKind.merges_columns`) merges every version at once."""
         if self.kind.merges_columns:
-            merged = self.kind.compacted_columns(Entries.concat([self._base_entries(), self._entries()],
-                                                                may_repeat=False))
+            merged = self.merged_entries()
             return itertools.chain([(SENTINEL_KEY, b"")], zip(merged.keys.cast(pa.large_binary()).to_pylist(),
                                                               merged.values.to_pylist()))
         return self._merged_items()
+
+    def merged_entries(self) -> Entries:
+        """Every visible merged entry, sorted by key, as columns (kinds that merge columns)."""
+        return self.kind.compacted_columns(Entries.concat([self._base_entries(), self._entries()], may_repeat=False))
 
     def _merged_items(self) -> Iterator[tuple[bytes, bytes]]:
         yield SENTINEL_KEY, b""

@@ -20,10 +20,12 @@ import json
 import logging
 import os
 import time as _time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import fastavro
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from indexes.arrow_keys import hash32_array
@@ -251,22 +253,48 @@ class MetadataTable:
             out.update(self._group(partition, index).get_visible(group_keys))
         return out
 
-    def lookup(self, partition: str, base_of: str | None = None) -> Callable[[list[str]], dict[str, Record]]:
-        """`get_many` of one partition, as a function of the keys. `base_of`: a pending indexing whose bases
+    def get_entries(self, partition: str, keys: pa.Array) -> Entries:
+        """`get_many` as columns, nothing decoded, for a partition whose kind merges columns (the record index,
+        secondary indexes): the merged entries of the present keys."""
+        try:
+            return self._get_entries(partition, keys, self._group)
+        except MissingFileError:  # as in `get_many`
+            self._groups = {}
+            self.refresh()
+            return self._get_entries(partition, keys, self._group)
+
+    def _get_entries(self, partition: str, keys: pa.Array, group: Callable[[str, int], MetadataFileGroup]) -> Entries:
+        if not self.kind(partition).merges_columns:
+            raise InvalidInputError(f"the records of {partition} do not merge as columns: read them with get_many")
+        buckets = hash32_array(keys) % self.partitions[partition]
+        groups = [(group(partition, b), keys.filter(pa.array(buckets == b))) for b in np.unique(buckets).tolist()]
+        if len(groups) < 2:
+            return Entries.concat([g.get_entries(k) for g, k in groups], may_repeat=False)
+        # RocksDB's multi-get and Arrow's sorts release the GIL: 300,239 reverse entries of 4 file groups (a
+        # 5% upsert at SF 1) in 0.62 s in one thread, 0.36 s in two
+        with ThreadPoolExecutor(config.THREADS, thread_name_prefix="metatable-mdt-get") as pool:
+            return Entries.concat(list(pool.map(lambda gk: gk[0].get_entries(gk[1]), groups)), may_repeat=False)
+
+    def entries(self, partition: str) -> Entries:
+        """Every visible merged entry of a partition whose kind merges columns, as columns, file group by file
+        group (what fsck compares with the data)."""
+        if not self.kind(partition).merges_columns:
+            raise InvalidInputError(f"the records of {partition} do not merge as columns: scan them")
+        return Entries.concat([self._group(partition, i).merged_entries() for i in range(self.partitions[partition])],
+                              may_repeat=False)
+
+    def lookup(self, partition: str, base_of: str | None = None) -> Callable[[pa.Array], Entries]:
+        """`get_entries` of one partition, as a function of the keys. `base_of`: a pending indexing whose bases
         are read too (its catch-up reads the index it built), from a listing of now."""
         if base_of is None:
-            return lambda keys: self.get_many(partition, keys)
+            return lambda keys: self.get_entries(partition, keys)
         self.refresh()
         snapshot = self.snapshot.with_base_of(base_of)
         names = self.layout.listing(partition)
 
-        def get_many(keys: list[str]) -> dict[str, Record]:
-            out: dict[str, Record] = {}
-            for index, group_keys in group_by_bucket(keys, self.partitions[partition]):
-                fs = self.layout.slice(partition, index, names, snapshot.compacted)
-                out.update(self.layout.group(fs, snapshot).get_visible(group_keys))
-            return out
-        return get_many
+        def group(partition: str, index: int) -> MetadataFileGroup:
+            return self.layout.group(self.layout.slice(partition, index, names, snapshot.compacted), snapshot)
+        return lambda keys: self._get_entries(partition, keys, group)
 
     def reread(self) -> None:
         """Read the files again on the next read: blocks were appended to instants this snapshot already had."""

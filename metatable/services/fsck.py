@@ -17,13 +17,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from indexes.secondary_keys import is_reverse
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from indexes.secondary_keys import KEY_SEP
 
 from metatable.commit.context import TableContext
 from metatable.commit.index_records import secondary_slice_entries
 from metatable.commit.leftovers import find_leftovers, remove
 from metatable.errors import CorruptFileError, MetatableError, MissingFileError
 from metatable.file_group.slice_reader import read_base
+from metatable.formats.avro_columns import decode_columns
 from metatable.formats.data_log import read_data_log
 from metatable.formats.log_file import Entries, LogFile
 from metatable.metadata.records import KINDS
@@ -128,7 +132,8 @@ def files_partition_mismatch(context: TableContext, expected: dict[str, dict[str
 
 def secondary_index_mismatch(context: TableContext) -> list[Problem]:
     """Entries a ready secondary index lacks, has beyond the latest snapshot's rows, or whose reverse entry names
-    other values (a commit would tombstone the wrong entry)."""
+    other values (a commit would tombstone the wrong entry). Compared as columns: at SF 1 an index holds 12M
+    entries."""
     try:
         view = context.view()
     except MetatableError:
@@ -142,18 +147,30 @@ def secondary_index_mismatch(context: TableContext) -> list[Problem]:
                                                            lambda _: 0) for fs in view.file_slices.values()],
                                   may_repeat=False)
         try:
-            stored = {key: record.get("value") for key, record in metadata.scan(partition)}
+            stored = metadata.entries(partition)
         except MetatableError:
             continue  # reported by check_metadata
-        wrong = []
-        for key, raw in zip(expected.keys.to_pylist(), expected.values.to_pylist()):
-            if key not in stored:
-                wrong.append(f"no entry {key!r}")
-            elif is_reverse(key) and stored[key] != KINDS["secondary_index"].decode(raw)["value"]:
-                wrong.append(f"reverse entry {key!r} names {stored[key]!r}")
-        wrong += [f"entry {key!r} of no row" for key in sorted(set(stored) - set(expected.keys.to_pylist()))]
+        wrong = entry_differences(expected, stored)
         if wrong:
             out.append(Problem("metadata", metadata.layout.dir(partition),
                                f"{len(wrong)} entries of {partition} disagree with the data (first: {wrong[0]}): "
                                "`metatable metadata rebuild TABLE`"))
     return out
+
+
+def entry_differences(expected: Entries, stored: Entries) -> list[str]:
+    """What `stored` secondary index entries lack of `expected`, hold beyond it, or name differently (reverse
+    entries' values), each said in a sentence."""
+    expected_keys, stored_keys = expected.keys.cast(pa.large_string()), stored.keys.cast(pa.large_string())
+    at = pc.index_in(expected_keys, value_set=stored_keys)
+    missing = expected_keys.filter(pc.is_null(at))
+    extra = stored_keys.filter(pc.invert(pc.is_in(stored_keys, value_set=expected_keys)))
+    reverse = pc.and_(pc.starts_with(expected_keys, KEY_SEP), pc.is_valid(at))  # reverse entries' keys start so
+    schema = KINDS["secondary_index"].schema
+    want = decode_columns(schema, expected.values.filter(reverse))["value"]
+    have = decode_columns(schema, stored.values.take(at.filter(reverse)))["value"]
+    differs = pc.fill_null(pc.not_equal(want, have), pc.is_null(want) != pc.is_null(have))
+    names = expected_keys.filter(reverse).filter(differs).to_pylist()
+    return ([f"no entry {k!r}" for k in missing.to_pylist()] +
+            [f"reverse entry {k!r} names {v!r}" for k, v in zip(names, have.filter(differs).to_pylist())] +
+            [f"entry {k!r} of no row" for k in sorted(extra.to_pylist())])

@@ -186,6 +186,31 @@ def seeded(root: str) -> mt.Table:
     return table
 
 
+def test_fsck_finds_each_kind_of_wrong_entry_and_the_rebuild_mends_it(tmp_path):
+    from metatable.metadata.records import KINDS
+    table = mt.Table.create(str(tmp_path / "t"), WRITER_SCHEMA, "id", partition_by="p", options=OPTIONS,
+                            secondary_indexes={"by_v": "v"})
+    table.upsert(pa.Table.from_pylist([{"id": i, "p": "p0", "v": f"v{i % 3}", "ts": 1} for i in range(20)],
+                                      schema=WRITER_SCHEMA))
+    partition = "secondary_index_by_v"
+    stored = dict(table.metadata.scan(partition))
+    forward = next(k for k in stored if not k.startswith(sk.KEY_SEP))
+    reverse = next(k for k in stored if k.startswith(sk.KEY_SEP) and k[1:] != forward.split(sk.KEY_SEP)[1])
+    late = 2**62  # computed after everything stored: it wins
+    last = table.timeline()[-1].time
+    table.metadata.append(last, {partition: {
+        forward: {**KINDS["secondary_index"].tombstone(), "written_at": late},
+        reverse: {**stored[reverse], "value": "=elsewhere", "written_at": late},
+        f"=ghost{sk.KEY_SEP}{reverse[1:]}x": {**stored[forward], "written_at": late}}}, token=f"{last}-damage")
+    table.metadata.reread()
+    problems = table.fsck().problems
+    assert len(problems) == 1 and f"3 entries of {partition} disagree with the data" in problems[0].detail
+    assert f"no entry {forward!r}" in problems[0].detail
+    table.rebuild_metadata()
+    assert table.fsck().healthy and entries(table, partition) == sorted(
+        (k, r["value"], r["ordering"], r["partition_path"], r["file_id"]) for k, r in stored.items())
+
+
 def check_against_the_data(root: str, tmp_path, from_scratch: bool = False) -> None:
     """fsck finds the index equal to the data (every entry and no other); queries equal a filter of a full
     read; `from_scratch`: the index also equals one built from scratch on a copy."""
@@ -248,7 +273,8 @@ def test_sigkill_of_the_build_at_named_points(tmp_path, point):
     seeded(root)
     writers = [indexer(root, "write", str(seed), str(time.time() + 4)) for seed in (0, 1)]
     time.sleep(0.5)
-    killed = indexer(root, "schedule_run", "by_v=v", METATABLE_CRASH_AT=f"{point}:1")
+    held = {"METATABLE_PAUSE_AT": "indexer.built:1"} if point == "indexer.catch_up" else {}  # writers commit
+    killed = indexer(root, "schedule_run", "by_v=v", METATABLE_CRASH_AT=f"{point}:1", **held)  # what it catches up
     assert killed.wait(60) == -signal.SIGKILL
     assert all(json.loads(succeeded(w)) > 0 for w in writers)
     time.sleep(2.5)  # the dead indexer's heartbeat expires
@@ -334,14 +360,32 @@ def test_column_encoding_is_fastavros_byte_for_byte(records):
     import fastavro
 
     from avro_schemas import schema
-    from metatable.formats.avro_columns import encode_columns
+    from metatable.formats.avro_columns import decode_columns, encode_columns
     parsed = schema("secondary_index")
     types = {"completed_at": pa.int64(), "written_at": pa.int64(), "is_deleted": pa.bool_()}
     columns = {f["name"]: pa.array([r[f["name"]] for r in records], types.get(f["name"], pa.string()))
                for f in parsed["fields"]}
     for shared in ({}, {"partition_path": "p=x", "written_at": 7, "value": None}):
-        got = encode_columns(parsed, {**columns, **shared}, len(records)).to_pylist()
-        for raw, record in zip(got, records):
+        got = encode_columns(parsed, {**columns, **shared}, len(records))
+        theirs = []
+        for raw, record in zip(got.to_pylist(), records):
             buffer = io.BytesIO()
             fastavro.schemaless_writer(buffer, parsed, {**record, **shared})
             assert raw == buffer.getvalue()
+            theirs.append(buffer.getvalue())
+        assert decode_columns(parsed, pa.array(theirs, pa.binary())).to_pylist() == [
+            {**r, **shared} for r in records]
+        assert decode_columns(parsed, got.slice(1)).to_pylist() == [{**r, **shared} for r in records[1:]]
+
+
+def test_column_decoding_refuses_what_is_not_a_record():
+    from avro_schemas import schema
+    from metatable.formats.avro_columns import decode_columns
+    parsed = schema("secondary_index")
+    whole = b"\x06p=1\x02f\x02\x04\x00\x02\x04=1\x00"  # "p=1", "f", 1, 2, false, "=1", null
+    assert decode_columns(parsed, pa.array([whole])).to_pylist() == [
+        {"partition_path": "p=1", "file_id": "f", "completed_at": 1, "written_at": 2, "is_deleted": False,
+         "value": "=1", "ordering": None}]
+    for bad in (whole + b"\x00", whole[:-1], b"\x7ep=1"):  # a byte too many, too few, a string past the end
+        with pytest.raises(ValueError):
+            decode_columns(parsed, pa.array([whole, bad]))
