@@ -20,6 +20,7 @@ from typing import Any, Callable, Collection, Iterator, Mapping, Protocol, Seque
 
 from metatable.errors import TimelineError
 from metatable.faults import crash_point
+from metatable.timeline.heartbeat import Heartbeat
 from metatable.timeline.instant import Action, Instant, State
 from metatable.timeline.lock import TableLock
 from metatable.timeline.timeline import Timeline
@@ -63,6 +64,7 @@ class Transactions:
         self.roll_forward = dict(roll_forward or {})
         self.others = others
         self.blocks_writers = blocks_writers  # a service instant that writers wait on: rolled back if it dies
+        self._beating: dict[str, Heartbeat] = {}  # instant time -> its heartbeat, while `running`
 
     @property
     def lock(self) -> TableLock:
@@ -86,15 +88,17 @@ class Transactions:
     @contextmanager
     def running(self, instant: Instant) -> Iterator[Instant]:
         """Keep `instant` beating while the body runs; roll it back if the body raises. The beats stop without
-        deleting the heartbeat: completing the instant, or rolling it back, deletes it (a last beat that lands
-        after that is a leftover the sweep removes, not a request every commit pays)."""
-        heartbeat = self.timeline.heartbeat(instant).start()
+        deleting the heartbeat: completing the instant, or rolling it back, deletes it (`commit` stops the beats
+        first, as a failure does before its rollback, so that no last beat lands after the deletion)."""
+        heartbeat = self._beating[instant.time] = self.timeline.heartbeat(instant).start()
         try:
             yield instant
         except BaseException:
             heartbeat.stop(remove=False)
             self.abort(instant)
             raise
+        finally:
+            self._beating.pop(instant.time, None)
         heartbeat.stop(remove=False)
 
     def commit(self, instant: Instant, publish: Callable[[], Content] | None = None,
@@ -109,6 +113,9 @@ class Transactions:
                 raise TimelineError(f"{instant.action.value} {instant.time} is {state}; it cannot commit")
             metadata = publish() if publish is not None else (content or {})
             crash_point(f"{self.name}.commit")
+            beating = self._beating.get(instant.time)
+            if beating is not None:  # its last beat lands before the completion deletes the heartbeat, not after
+                beating.stop(remove=False)  # (a beat after it was a leftover heartbeat fsck reported)
             return self.timeline.complete(current, metadata)
 
     # -- services: claiming a pending plan -------------------------------------------------------------
