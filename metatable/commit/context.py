@@ -5,6 +5,7 @@ timeline. Actions and services take a context, never a `Table`, so they depend o
 """
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -12,7 +13,6 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from metatable import config as config_options
 from metatable.commit.data_undo import DataUndo
-from metatable.commit.index_states import read_states
 from metatable.commit.timeline_view import TimelineView
 from metatable.config import METADATA_PREFIXES
 from metatable.errors import (ConfigError, CorruptFileError, MetatableError, MissingFileError, TableExistsError,
@@ -22,15 +22,16 @@ from metatable.metadata.table import MetadataTable, metadata_location
 from metatable.storage.base import Storage, read_json, write_json
 from metatable.storage.location import storage_for, table_root
 from metatable.storage.paths import TablePaths
-from metatable.table_config import READY, TableConfig
+from metatable.table_config import READY, TableConfig, parse_index_states
 from metatable.timeline.instant import WRITE_ACTIONS, Action, Instant, Moment
-from metatable.timeline.lock import table_lock
+from metatable.timeline.lock import quiet_generation, table_lock
 from metatable.timeline.timeline import Timeline
 from metatable.timeline.transaction import Transactions
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+_quiet_configs: dict[str, tuple[int, dict[str, Any]]] = {}  # table.json path -> (quiet generation, its content)
 
 
 def rejects_writes(timeline: Timeline, instant: Instant) -> bool:
@@ -64,38 +65,59 @@ class TableContext:
         of table.json after the read; a drop that changes the states after it deletes nothing this read saw.
         A metadata file that a metadata clean in another process removed while this read used it (the metadata
         table keeps `metadata.clean.retain_file_slices` slices, not every reader's) is read again the same way,
-        from the newer slice that replaced it."""
-        view = self.view(as_of)
-        try:
-            result = read(view)
-        except MissingFileError as e:
-            if not e.metadata:
-                raise
-            log.info("a metadata file was cleaned during a read of %s (%s): read again", self.root, e.path)
-            return read(self.view(as_of))
-        except (MetatableError, FileNotFoundError):
-            if not self.dropped_since(view):
-                raise
-        else:
-            if not self.dropped_since(view):
-                return result
-        log.info("a metadata index was dropped during a read of %s: read again without it", self.root)
-        return read(self.view(as_of))
+        from the newer slice that replaced it.
+        On an object store the read is made at a quiet generation of the lock when there is one
+        (`TableLock.quiet`): the timeline listings and table.json read at it are read again without a request,
+        and the check is one HEAD (nobody took the lock since: nothing was dropped). A warm `lookup` was 3 LISTs
+        and 2 GETs, and is 3 HEADs so."""
+        with self.timeline.lock.quiet() as quiet:
+            view = self.view(as_of)
+            try:
+                result = read(view)
+            except MissingFileError as e:
+                if not e.metadata:
+                    raise
+                log.info("a metadata file was cleaned during a read of %s (%s): read again", self.root, e.path)
+            except (MetatableError, FileNotFoundError):
+                if not self.dropped_since(view, quiet):
+                    raise
+                log.info("a metadata index was dropped during a read of %s: read again without it", self.root)
+            else:
+                if not self.dropped_since(view, quiet):
+                    return result
+                log.info("a metadata index was dropped during a read of %s: read again without it", self.root)
+        return read(self.view(as_of))  # outside the quiet generation: everything read again
 
-    def dropped_since(self, view: TimelineView) -> set[str]:
-        """The metadata indexes the view had ready that are not ready now."""
-        now = self.index_states()
+    def dropped_since(self, view: TimelineView, quiet: int | None = None) -> set[str]:
+        """The metadata indexes the view had ready that are not ready now (none when the lock is still at the
+        quiet generation `quiet` the view was made at: a drop takes the lock)."""
+        if quiet is not None and self.timeline.lock.unchanged(quiet):
+            return set()
+        now = parse_index_states(read_json(self.storage, self.paths.table_config)["metadata_indexes"])
         return {p for p in view.config.metadata_indexes if now.get(p) != READY}
 
     def index_states(self) -> dict[str, str]:
         """Metadata index -> "building" | "ready", as table.json holds them now (the indexer changes them while
         tables are open: a commit reads them under the lock, whatever this context was opened with)."""
-        return read_states(self.storage, self.paths)
+        return parse_index_states(self.stored()["metadata_indexes"])
 
     def config_now(self) -> TableConfig:
         """The table's config with the index states and schema versions of now (`TableConfig.with_stored`); a
         view picks its schema among the versions."""
-        return self.config.with_stored(read_json(self.storage, self.paths.table_config))
+        return self.config.with_stored(self.stored())
+
+    def stored(self) -> dict[str, Any]:
+        """table.json as it is now: read once per quiet generation of the lock (`TableLock.quiet`), since only
+        lock holders change it."""
+        lock = self.timeline.lock
+        quiet = quiet_generation(lock.path) if lock.tenure() is None else None
+        taken = _quiet_configs.get(self.paths.table_config)
+        if quiet is not None and taken is not None and taken[0] == quiet:
+            return copy.deepcopy(taken[1])
+        stored = read_json(self.storage, self.paths.table_config)
+        if quiet is not None:
+            _quiet_configs[self.paths.table_config] = (quiet, copy.deepcopy(stored))
+        return stored
 
     def current_config(self) -> TableConfig:
         """`config_now` with the schema of the latest completed instant: what a write conforms its input to

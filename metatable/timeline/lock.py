@@ -19,10 +19,17 @@ the holder, and a fence is the create-if-absent write alone.
 
 Requests on an object store, uncontended: taking the lock is one LIST and one create, releasing it one create,
 a fence one create; a beat every `lock.lease_s / 6` only while a section lasts that long.
+
+Quiet reads: every change to what a reader sees (a completed instant, table.json, the metadata table's files)
+is made by a lock holder, and every taking of a `LeaseLock` creates a generation. So while the newest
+generation is a free one, nothing changes, and what a reader read since it was created may be read again
+without asking the store. `quiet()` gives a read that generation (None under a `FileLock`, or while the lock
+is held); the timeline listings and table.json are reused at it (`quiet_generation`).
 """
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import fcntl
 import itertools
@@ -44,6 +51,8 @@ from metatable.storage.base import Storage
 log = logging.getLogger(__name__)
 
 _local = threading.local()  # per thread: lock path -> depth of nested critical sections
+_quiet = threading.local()  # per thread: lock path -> the free generation its reads are made at (`quiet`)
+_free: dict[str, int] = {}  # lock path -> the newest generation this process found free
 _tenures = itertools.count(1)
 _leases: dict[str, _Lease] = {}  # lock path -> this process's holding of a LeaseLock
 _mutexes: dict[str, threading.Lock] = {}  # lock path -> the threads of this process take turns here first
@@ -65,6 +74,34 @@ class TableLock(Protocol):
     def tenure(self) -> int | None:
         """A number for this thread's current holding of the lock (None when it does not hold it): what the
         holder read under it stays valid while the number is the same, since only holders change the timeline."""
+
+    def quiet(self) -> contextlib.AbstractContextManager[int | None]:
+        """For a read: the generation at which nothing has changed since (see the module docstring), or None."""
+
+    def unchanged(self, generation: int) -> bool:
+        """Whether no process took the lock since `generation` (found free by `quiet`) was the newest."""
+
+
+def quiet_generation(path: str) -> int | None:
+    """The free generation this thread's read of the table whose lock path is `path` is made at, if any."""
+    return getattr(_quiet, "generations", {}).get(path)
+
+
+@contextmanager
+def _quiet_at(path: str, generation: int | None) -> Iterator[int | None]:
+    generations = _quiet.__dict__.setdefault("generations", {})
+    outer = generations.get(path)
+    if generation is None:
+        generations.pop(path, None)
+    else:
+        generations[path] = generation
+    try:
+        yield generation
+    finally:
+        if outer is None:
+            generations.pop(path, None)
+        else:
+            generations[path] = outer
 
 
 def table_lock(storage: Storage, path: str, timeout_s: float = 60.0, lease_s: float = 60.0) -> TableLock:
@@ -102,6 +139,12 @@ class FileLock:
 
     def fence(self, path: str, data: bytes) -> bool:
         return self.storage.create_exclusive(path, data)
+
+    def quiet(self) -> contextlib.AbstractContextManager[int | None]:
+        return contextlib.nullcontext(None)  # a listing of a local directory costs no request
+
+    def unchanged(self, generation: int) -> bool:
+        return False
 
     @contextmanager
     def held(self, shared: bool = False) -> Iterator[None]:
@@ -176,6 +219,31 @@ class LeaseLock:
 
     def tenure(self) -> int | None:
         return _tenure_of(self.path).get(self.path) if _depths().get(self.path) else None
+
+    def quiet(self) -> contextlib.AbstractContextManager[int | None]:
+        """Known from an earlier read: two HEADs (the generation exists, the next does not; old generations
+        are deleted only once 16 newer ones exist, so an existing one has not been skipped over); else, or
+        when it moved on, one LIST of the generations. Nested reads keep the outer one's; a holder's reads
+        have the holder's listings (`tenure`)."""
+        if self.tenure() is not None:
+            return contextlib.nullcontext(None)
+        outer = quiet_generation(self.path)
+        return _quiet_at(self.path, outer if outer is not None else self._quiet_generation())
+
+    def _quiet_generation(self) -> int | None:
+        known = _free.get(self.path)
+        if known is not None and self.storage.exists(self.generation_path(known)) and self.unchanged(known):
+            return known
+        files = {os.path.basename(f.path): f for f in self.storage.walk(self.path)}
+        generations = sorted(int(n) for n in files if n.isdigit())
+        if not generations or files[f"{generations[-1]:0{GENERATION_DIGITS}d}"].size:  # none yet, or held
+            _free.pop(self.path, None)
+            return None
+        _free[self.path] = generations[-1]
+        return generations[-1]
+
+    def unchanged(self, generation: int) -> bool:
+        return not self.storage.exists(self.generation_path(generation + 1))
 
     @contextmanager
     def held(self, shared: bool = False) -> Iterator[None]:

@@ -24,7 +24,7 @@ from metatable.storage.paths import TablePaths
 from metatable.timeline.archive import Archive, ArchiveSummary, Carry, Content
 from metatable.timeline.heartbeat import Heartbeat, is_expired
 from metatable.timeline.instant import Action, Instant, State, next_time, time_from_datetime, validate_time
-from metatable.timeline.lock import TableLock, table_lock
+from metatable.timeline.lock import TableLock, quiet_generation, table_lock
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ FUTURE_ALLOWANCE = dt.timedelta(hours=1)  # how far ahead of this clock another 
 LISTINGS = 5  # listings of the timeline before a state gap is refused
 _held_listings: dict[str, tuple[int, list[str]]] = {}  # timeline directory -> (the lock's tenure, its listing):
 # shared by every Timeline object of the directory in this process, so that all see the holder's changes
+_quiet_listings: dict[str, tuple[tuple[str, int], list[str]]] = {}  # timeline directory -> ((lock path, quiet
+# generation), its listing taken at that generation)
 
 
 class Timeline:
@@ -309,14 +311,21 @@ class Timeline:
     def _names(self) -> list[str]:
         """The timeline directory's listing. While this thread holds the lock, the listing taken under it is
         reused and kept up to date by this timeline's own changes: only lock holders change the timeline (a
-        write lists it dozens of times, and on an object store each listing is a request)."""
+        write lists it dozens of times, and on an object store each listing is a request). A read made at a
+        quiet generation of the lock (`TableLock.quiet`) reuses the listing taken at it."""
         tenure = self.lock.tenure()
         held = _held_listings.get(self.dir)
         if tenure is not None and held is not None and held[0] == tenure:
             return list(held[1])
+        quiet = quiet_generation(self.lock.path) if tenure is None else None
+        taken = _quiet_listings.get(self.dir)
+        if quiet is not None and taken is not None and taken[0] == (self.lock.path, quiet):
+            return list(taken[1])
         names = self.storage.list(self.dir)
         if tenure is not None:
             _held_listings[self.dir] = (tenure, names)
+        elif quiet is not None:
+            _quiet_listings[self.dir] = ((self.lock.path, quiet), names)
         return names
 
     # -- heartbeats -----------------------------------------------------------------------------

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
+from collections import Counter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -251,3 +253,24 @@ def test_the_server_killed_in_the_middle_of_a_commit(rgw, down_s):
     assert sort_rows(reopened.to_arrow().to_pylist()) == model.expected()
     check_metadata(reopened)
     assert reopened.fsck().healthy
+
+
+def test_a_warm_read_asks_the_store_only_whether_the_lock_moved(rgw):
+    """While the table lock's newest generation is a free one nothing changes, so a read reuses the timeline
+    listings and table.json read at it: a warm lookup through the record index is 3 HEADs (the generation
+    is there, the next is not, and again after the read) and no LIST. A commit by another process moves the
+    lock on, and the next read sees it."""
+    root = f"s3://tests/quiet-{time.time_ns()}"
+    table = mt.Table.create(root, SCHEMA, "id", "p", "ts", metadata_indexes=["column_stats", "record_index"])
+    table.upsert(pa.table({"id": pa.array(range(50), pa.int64()), "p": ["a", "b"] * 25, "v": ["x"] * 50,
+                           "ts": pa.array([1] * 50, pa.int64())}))
+    keys = pa.table({"id": pa.array([3, 60], pa.int64()), "p": ["b", "a"]})
+    table.lookup(keys)
+    requests = table.context.storage.requests
+    before = Counter(requests)
+    assert table.lookup(keys)["file_id"].null_count == 1
+    assert Counter(requests) - before == Counter({"HEAD": 3})
+    subprocess.run([sys.executable, "-c", "import sys, pyarrow as pa, metatable as mt; mt.Table.open(sys.argv[1])"
+                    ".upsert(pa.table({'id': pa.array([60], pa.int64()), 'p': ['a'], 'v': ['y'], "
+                    "'ts': pa.array([2], pa.int64())}))", root], check=True, timeout=120)
+    assert table.lookup(keys)["file_id"].null_count == 0
