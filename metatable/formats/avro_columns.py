@@ -5,7 +5,7 @@ what `fastavro`'s schemaless writer gives, and reads, for each row.
 Why: a secondary index writes an entry per row whose values differ row by row (a reverse entry holds its
 record's values), and fastavro encodes one record at a time: an index build of TPC-H SF 0.1 (600,572 rows,
 1.2M entries) spent 2.8 of its 7.2 s encoding them one by one. A commit reads the reverse entries of every key
-it writes: decoding 300,239 of them (a 5% upsert at SF 1) took fastavro 0.77 s, and takes `decode_columns` 0.05 s.
+it writes: decoding 300,239 of them (a 5% upsert at SF 1) took fastavro 0.77-0.87 s, `decode_columns` 0.08-0.11 s.
 """
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def _quiet_at(path: str, generation: int | None) -> Iterator[int | None]:
     try:
         yield generation
     finally:
-        if outer is None:
+        if generations.get(path) is None or outer is None:  # ended by a holding of the lock (`held`), or outermost
             generations.pop(path, None)
         else:
             generations[path] = outer
@@ -271,6 +271,8 @@ class LeaseLock:
             raise
         depth[self.path] = 1
         _tenure_of(self.path)[self.path] = next(_tenures)
+        # a holding moves the lock on: a read around it is not quiet any more, nor one it is nested in (`quiet`)
+        getattr(_quiet, "generations", {}).pop(self.path, None)
         renewal = threading.Thread(target=self._renew, args=(lease,), name=f"lease-{lease.generation}",
                                    daemon=True)
         renewal.start()

@@ -19,7 +19,7 @@ from devtools.s3_proxy import Faults, S3Proxy
 from metatable.errors import StorageError
 from metatable.storage.location import storage_for, table_root
 from metatable.storage.object_store import ObjectStorage, resolved_options, split_url
-from metatable.timeline.lock import LeaseLock
+from metatable.timeline.lock import LeaseLock, quiet_generation
 
 from .table_model import SCHEMA, TableModel, check_metadata, sort_rows
 from .test_write_concurrency import act, finished
@@ -274,3 +274,23 @@ def test_a_warm_read_asks_the_store_only_whether_the_lock_moved(rgw):
                     ".upsert(pa.table({'id': pa.array([60], pa.int64()), 'p': ['a'], 'v': ['y'], "
                     "'ts': pa.array([2], pa.int64())}))", root], check=True, timeout=120)
     assert table.lookup(keys)["file_id"].null_count == 0
+
+
+def test_a_read_that_takes_the_lock_is_quiet_no_more(rgw):
+    """A quiet generation lasts only while nobody takes the lock: a holding inside a quiet read (this thread's
+    own) ends it for the rest of the read, and for the reads around it."""
+    storage = ObjectStorage("tests", rgw.storage_options)
+    path = f"s3://tests/quiet-lock-{time.time_ns()}/lock"
+    lock = LeaseLock(storage, path, 30, lease_s=5.0)
+    with lock.held():
+        pass
+    with lock.quiet() as outer:
+        assert outer is not None and quiet_generation(path) == outer
+        with lock.quiet() as inner:
+            assert inner == outer
+            with lock.held():
+                assert quiet_generation(path) is None
+            assert quiet_generation(path) is None
+        assert quiet_generation(path) is None and not lock.unchanged(outer)
+    with lock.quiet() as again:
+        assert again == outer + 2  # taken and released once more: free again
