@@ -41,7 +41,7 @@ from metatable.formats.log_file import LogFile
 from metatable.metadata.table import metadata_location
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
 from metatable.timeline.instant import BOOTSTRAP_TIME, Action, Instant
-from metatable.timeline.markers import clear, mark, marked_files
+from metatable.file_group.markers import clear, mark, written_files
 from metatable.timeline.transaction import Content
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def settle_duals(context: TableContext, instant: str, files: list[WrittenFile],
 def marked_file_groups(context: TableContext, instant: Instant) -> frozenset[str]:
     """The file groups an inflight write has marked files in so far."""
     out = set()
-    for relative in marked_files(context.storage, context.paths, instant.time):
+    for relative in written_files(context.storage, context.paths, instant.time):
         partition, _, name = relative.rpartition("/")
         if name.endswith("." + PARQUET):
             out.add(group_name(partition, BaseFile.parse(name).file_id))
@@ -288,12 +288,12 @@ def move_into(context: TableContext, slots: LogSlots, instant: str, f: WrittenFi
         if (lf.base_instant, lf.version) == (base, version):
             return f
         target = LogFile(f.file_id, base, version, lf.write_token)
-        mark(context.storage, context.paths, instant, context.paths.relative(f.partition, target.file_name))
+        mark(context.storage, context.paths, instant, f.partition)
         context.storage.move(source, context.paths.file(f.partition, target.file_name))
         size = f.size
     else:
         target = LogFile(f.file_id, base, version, f"{instant}-{new_write_token()}")
-        mark(context.storage, context.paths, instant, context.paths.relative(f.partition, target.file_name))
+        mark(context.storage, context.paths, instant, f.partition)
         size = write_parquet_log(context.storage, context.paths.file(f.partition, target.file_name), instant,
                                  context.storage.read(source), f.rows)
         context.storage.delete(source)

@@ -15,7 +15,7 @@ from metatable.metadata.table import MetadataTable
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
 from metatable.timeline.instant import Action, Instant
-from metatable.timeline.markers import clear, marked_files
+from metatable.file_group.markers import clear, written_files
 from metatable.timeline.transaction import Content
 
 
@@ -35,7 +35,7 @@ class DataUndo:
         if plan.get("action") == Action.INDEXING.value:
             return undo_indexing(self.storage, self.paths, self.metadata, plan, by)
         time = plan["target"]
-        files = marked_files(self.storage, self.paths, time)
+        files = written_files(self.storage, self.paths, time)
         for relative in files:
             self.storage.delete(f"{self.paths.root}/{relative}")
         self.metadata.rollback(time)

@@ -32,7 +32,7 @@ from metatable.commit.secondary_records import Current, row_schema, rows_entries
 from metatable.errors import naming_damage
 from metatable.file_group.base_file import PARQUET, BaseFile
 from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.slice_reader import key_column, members, parquet_file, read_slice
+from metatable.file_group.slice_reader import key_column, log_columns, members, parquet_file, read_slice
 from metatable.file_group.written import WrittenFile
 from metatable.formats.data_log import read_data_log
 from metatable.formats.log_file import Entries
@@ -138,7 +138,7 @@ def record_index_records(storage: Storage, paths: TablePaths, config: TableConfi
                 old = key_column(storage, paths.file(f.partition, previous))[0]
                 gone = old.filter(pa.array(~members(old, live)))
         else:
-            rows = read_data_log(storage, path, key_schema(config))[1]
+            rows = log_columns(storage, path, key_schema(config))  # kept by its writer when it ran here
             live = rows.filter(pc.invert(rows[DELETED_COLUMN]))[KEY_COLUMN]
             gone = rows.filter(rows[DELETED_COLUMN])[KEY_COLUMN]
         removed = ([Entries.repeated(record_index_key_array(f.partition, gone, unique), tombstone)]

@@ -13,17 +13,17 @@ from indexes.bloom import BloomFilter
 from indexes.column_stats import file_column_stats
 
 from metatable.file_group.base_file import PARQUET, BaseFile, new_write_token
+from metatable.file_group.markers import mark
 from metatable.file_group.written import NO_COUNTS, stats_row
 from metatable.formats.key_pages import nul_free_metadata, write_options
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
 from metatable.table_config import KEY_COLUMN, TableConfig
-from metatable.timeline.markers import mark
 
 
 def new_file(storage: Storage, paths: TablePaths, instant: str, partition: str, name: str) -> str:
     """The path of a new data file, marked first so that a rollback of `instant` can find it."""
-    mark(storage, paths, instant, paths.relative(partition, name))
+    mark(storage, paths, instant, partition)
     return paths.file(partition, name)
 
 

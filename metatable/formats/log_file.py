@@ -14,6 +14,7 @@ completed instant's unreadable file.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import enum
 import io
 import os
@@ -278,6 +279,13 @@ class LogCache:
             block = read_log(self.storage, path)
             self._blocks.put(key, block)
         return block
+
+    def keep(self, path: str, block: LogBlock) -> None:
+        """A block this process just wrote at `path`: the next snapshot (the services after a commit, the next
+        write) reads it from here."""
+        entries = block.entries if isinstance(block.entries, Entries) else Entries.of(block.entries)
+        entries = Entries(entries.keys.cast(pa.large_string()), entries.values.cast(pa.large_binary()))  # as read
+        self._blocks.put((path, self.storage.content_version(path)), dataclasses.replace(block, entries=entries))
 
 
 def header_lengths(text: str | None) -> np.ndarray | None:

@@ -365,8 +365,10 @@ class MetadataTable:
 
     def _write_logs(self, time: str, planned: list[tuple[str, LogFile, Entries]]) -> None:
         for partition, lf, entries in planned:
-            write_log(self.storage, os.path.join(self.layout.dir(partition), lf.file_name),
-                      LogBlock(time, BlockKind.RECORDS, entries))
+            path = os.path.join(self.layout.dir(partition), lf.file_name)
+            block = LogBlock(time, BlockKind.RECORDS, entries)
+            write_log(self.storage, path, block)
+            self.layout.log_cache.keep(path, block)
             crash_point("metadata.write.log")
 
     def complete(self, time: str) -> None:

@@ -103,5 +103,5 @@ class TablePaths:
 
     @staticmethod
     def relative(partition: str, name: str) -> str:
-        """A data file's path relative to the root (how markers name it)."""
+        """A data file's path relative to the root (what a rollback deletes)."""
         return name if partition == NON_PARTITIONED else f"{partition}/{name}"

@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 _local = threading.local()  # per thread: lock path -> depth of nested critical sections
 _quiet = threading.local()  # per thread: lock path -> the free generation its reads are made at (`quiet`)
 _free: dict[str, int] = {}  # lock path -> the newest generation this process found free
+_released: dict[str, tuple[int, int]] = {}  # lock path -> (tenure, the free generation its release created)
 _tenures = itertools.count(1)
 _leases: dict[str, _Lease] = {}  # lock path -> this process's holding of a LeaseLock
 _mutexes: dict[str, threading.Lock] = {}  # lock path -> the threads of this process take turns here first
@@ -85,6 +86,13 @@ class TableLock(Protocol):
 def quiet_generation(path: str) -> int | None:
     """The free generation this thread's read of the table whose lock path is `path` is made at, if any."""
     return getattr(_quiet, "generations", {}).get(path)
+
+
+def released_as(path: str) -> tuple[int, int] | None:
+    """(tenure, generation): this process's last holding of the lock at `path` and the free generation its
+    release created. What the holder saw at its end is what a read at that generation sees: a read just after
+    a commit (the services it may call for) lists nothing its commit listed."""
+    return _released.get(path)
 
 
 @contextmanager
@@ -270,7 +278,7 @@ class LeaseLock:
             self._mutex.release()
             raise
         depth[self.path] = 1
-        _tenure_of(self.path)[self.path] = next(_tenures)
+        tenure = _tenure_of(self.path)[self.path] = next(_tenures)
         # a holding moves the lock on: a read around it is not quiet any more, nor one it is nested in (`quiet`)
         getattr(_quiet, "generations", {}).pop(self.path, None)
         renewal = threading.Thread(target=self._renew, args=(lease,), name=f"lease-{lease.generation}",
@@ -283,7 +291,9 @@ class LeaseLock:
             lease.stop.set()
             renewal.join()
             try:
-                self._release(lease)
+                if self._release(lease):
+                    _free[self.path] = lease.generation + 1
+                    _released[self.path] = (tenure, lease.generation + 1)
             finally:
                 self._mutex.release()
 
@@ -359,14 +369,16 @@ class LeaseLock:
             except (OSError, StorageError) as e:  # the next fence tells whether the lease was lost
                 log.warning("could not renew the table lock %s: %s", self.path, e)
 
-    def _release(self, lease: _Lease) -> None:
+    def _release(self, lease: _Lease) -> bool:
+        """Whether this release created the next (free) generation."""
         _leases.pop(self.path, None)
         try:
             released = self.storage.create_exclusive(self.generation_path(lease.generation + 1), b"")
         except (OSError, StorageError) as e:
             log.warning("could not release the table lock %s (%s): it is free again once its lease of %ss runs out",
                         self.path, e, self.lease_s)
-            return
+            return False
         if not released:
             log.warning("the table lock %s was taken over while this process held it (its lease of %ss ran out); "
                         "nothing was committed after that", self.path, self.lease_s)
+        return released

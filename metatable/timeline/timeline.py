@@ -5,6 +5,7 @@ only made under the table lock; inflight writers keep a heartbeat.
 """
 from __future__ import annotations
 
+import collections
 import io
 import json
 import datetime as dt
@@ -24,7 +25,7 @@ from metatable.storage.paths import TablePaths
 from metatable.timeline.archive import Archive, ArchiveSummary, Carry, Content
 from metatable.timeline.heartbeat import Heartbeat, is_expired
 from metatable.timeline.instant import Action, Instant, State, next_time, time_from_datetime, validate_time
-from metatable.timeline.lock import TableLock, quiet_generation, table_lock
+from metatable.timeline.lock import TableLock, quiet_generation, released_as, table_lock
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ _held_listings: dict[str, tuple[int, list[str]]] = {}  # timeline directory -> (
 # shared by every Timeline object of the directory in this process, so that all see the holder's changes
 _quiet_listings: dict[str, tuple[tuple[str, int], list[str]]] = {}  # timeline directory -> ((lock path, quiet
 # generation), its listing taken at that generation)
+_completions: collections.OrderedDict[str, bytes] = collections.OrderedDict()  # completed state file on an
+# object store -> what this process wrote to it, the newest COMPLETIONS_KEPT: it is created once, never rewritten
+COMPLETIONS_KEPT = 64
 
 
 class Timeline:
@@ -168,7 +172,9 @@ class Timeline:
         archive when it was archived since it was listed)."""
         path = os.path.join(self.dir, instant.file_name)
         try:
-            raw = self.storage.read(path)
+            raw = _completions.get(path) if instant.is_completed else None
+            if raw is None:
+                raw = self.storage.read(path)
         except FileNotFoundError:
             if not instant.is_completed:
                 raise
@@ -293,9 +299,14 @@ class Timeline:
             raise TimelineError(f"timeline file {path} exists already: another process made the same transition of "
                                 f"{instant.action.value} {instant.time}; this one stops without changing it")
         self._listed(add=instant.file_name)
+        if instant.is_completed and not self.storage.local:  # the services after a commit read it (`maintenance`);
+            _completions[path] = data  # a local file is cheap to read, and a damaged one must read as damaged
+            while len(_completions) > COMPLETIONS_KEPT:
+                _completions.popitem(last=False)
 
     def _delete(self, name: str) -> None:
         self.storage.delete(os.path.join(self.dir, name))
+        _completions.pop(os.path.join(self.dir, name), None)
         self._listed(remove=name)
 
     def _listed(self, add: str | None = None, remove: str | None = None) -> None:
@@ -312,7 +323,8 @@ class Timeline:
         """The timeline directory's listing. While this thread holds the lock, the listing taken under it is
         reused and kept up to date by this timeline's own changes: only lock holders change the timeline (a
         write lists it dozens of times, and on an object store each listing is a request). A read made at a
-        quiet generation of the lock (`TableLock.quiet`) reuses the listing taken at it."""
+        quiet generation of the lock (`TableLock.quiet`) reuses the listing taken at it, or the one this
+        process's holding left if its release made that generation."""
         tenure = self.lock.tenure()
         held = _held_listings.get(self.dir)
         if tenure is not None and held is not None and held[0] == tenure:
@@ -321,6 +333,9 @@ class Timeline:
         taken = _quiet_listings.get(self.dir)
         if quiet is not None and taken is not None and taken[0] == (self.lock.path, quiet):
             return list(taken[1])
+        if quiet is not None and held is not None and released_as(self.lock.path) == (held[0], quiet):
+            _quiet_listings[self.dir] = ((self.lock.path, quiet), held[1])  # as this process's holding left it
+            return list(held[1])
         names = self.storage.list(self.dir)
         if tenure is not None:
             _held_listings[self.dir] = (tenure, names)

@@ -1,0 +1,87 @@
+"""Write markers: before an instant writes its first data file into a partition, a marker naming the
+partition, so a rollback finds every file of a failed write (even in partitions the metadata table has not
+heard of) without listing the whole table.
+
+A marker names a partition, not a file: every data file's name says which instant wrote it (a base file's
+instant, a log's write token `<instant>-<nonce>`), so the partition's listing finds the instant's files. A
+process marks each partition once per instant (`_marked`): a write of 1,000 rows into 56 file groups of 7
+partitions on an object store made 56 marker PUTs, now 7. A marker's name is `@` and the partition's URL-safe
+base64 (one listing of the instant's marker directory names every partition); a partition too long for a
+file name goes into the content of a `~<random>` marker. Markers made before markers named partitions name
+a file (the base64 of its path, no prefix) and are still read.
+"""
+from __future__ import annotations
+
+import base64
+import os
+import threading
+import uuid
+
+from metatable.errors import InvalidInputError
+from metatable.file_group.base_file import PARQUET, BaseFile
+from metatable.formats.log_file import LogFile
+from metatable.storage.base import Storage
+from metatable.storage.paths import TablePaths
+
+NAME_LIMIT = 240  # bytes of a marker's name: file systems allow 255
+PARTITION = "@"  # outside the URL-safe base64 alphabet, as LONG is: the two kinds and a file marker never clash
+LONG = "~"
+_MARKED_LIMIT = 100_000  # (instant, partition) pairs remembered; forgetting one only costs a marker written again
+
+_marked: set[tuple[str, str]] = set()  # (the instant's marker directory, partition) this process has marked
+_marking = threading.Lock()
+
+
+def mark(storage: Storage, paths: TablePaths, instant: str, partition: str) -> None:
+    """Before `instant` writes a data file into `partition`."""
+    directory = paths.markers(instant)
+    if (directory, partition) in _marked:
+        return
+    with _marking:  # the writer threads of one write meet in a partition: one marks it
+        if (directory, partition) in _marked:
+            return
+        encoded = PARTITION + base64.urlsafe_b64encode(partition.encode()).decode()
+        if len(encoded) <= NAME_LIMIT:
+            storage.write_atomic(os.path.join(directory, encoded), b"", durable=False)
+        else:
+            storage.write_atomic(os.path.join(directory, LONG + uuid.uuid4().hex), partition.encode(),
+                                 durable=False)
+        if len(_marked) >= _MARKED_LIMIT:
+            _marked.clear()
+        _marked.add((directory, partition))
+
+
+def written_files(storage: Storage, paths: TablePaths, instant: str) -> list[str]:
+    """The data files `instant` has written (paths relative to the table): its files in the partitions it
+    marked, one listing each."""
+    directory = paths.markers(instant)
+    partitions, files = set(), set()
+    for name in storage.list(directory):
+        if name.startswith("."):
+            continue
+        if name.startswith(LONG):
+            partitions.add(storage.read(os.path.join(directory, name)).decode())
+        elif name.startswith(PARTITION):
+            partitions.add(base64.urlsafe_b64decode(name[len(PARTITION):]).decode())
+        else:
+            files.add(base64.urlsafe_b64decode(name).decode())
+    for partition in partitions:
+        files.update(paths.relative(partition, name) for name in storage.list(paths.partition_dir(partition))
+                     if written_by(name, instant))
+    return sorted(files)
+
+
+def written_by(file_name: str, instant: str) -> bool:
+    """Whether a data file's name says `instant` wrote it (a name of no data file: no)."""
+    try:
+        if file_name.endswith("." + PARQUET) and not file_name.startswith("."):
+            return BaseFile.parse(file_name).instant == instant
+        return LogFile.is_log_name(file_name) and LogFile.parse(file_name).instant == instant
+    except InvalidInputError:
+        return False
+
+
+def clear(storage: Storage, paths: TablePaths, instant: str) -> None:
+    directory = paths.markers(instant)
+    storage.remove_dir(directory)
+    _marked.difference_update({m for m in _marked if m[0] == directory})
