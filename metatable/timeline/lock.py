@@ -24,7 +24,13 @@ Quiet reads: every change to what a reader sees (a completed instant, table.json
 is made by a lock holder, and every taking of a `LeaseLock` creates a generation. So while the newest
 generation is a free one, nothing changes, and what a reader read since it was created may be read again
 without asking the store. `quiet()` gives a read that generation (None under a `FileLock`, or while the lock
-is held); the timeline listings and table.json are reused at it (`quiet_generation`).
+is held); the timeline listings and table.json are reused at it (`quiet_generation`), and a read at the
+generation this process's release made reuses what its holding left (`released_as`).
+
+Epochs: for the same reason, a holding that takes the free generation this process's last release made
+(the listing its taking costs anyway shows it newest) follows that holding with nobody's between them: it
+continues its `epoch`, and what the holders of the epoch listed stays valid (a write's commit lists nothing
+its begin listed; consecutive writes of one process list nothing at all).
 """
 from __future__ import annotations
 
@@ -53,7 +59,7 @@ log = logging.getLogger(__name__)
 _local = threading.local()  # per thread: lock path -> depth of nested critical sections
 _quiet = threading.local()  # per thread: lock path -> the free generation its reads are made at (`quiet`)
 _free: dict[str, int] = {}  # lock path -> the newest generation this process found free
-_released: dict[str, tuple[int, int]] = {}  # lock path -> (tenure, the free generation its release created)
+_released: dict[str, tuple[int, int]] = {}  # lock path -> (epoch, the free generation its release created)
 _tenures = itertools.count(1)
 _leases: dict[str, _Lease] = {}  # lock path -> this process's holding of a LeaseLock
 _mutexes: dict[str, threading.Lock] = {}  # lock path -> the threads of this process take turns here first
@@ -73,8 +79,13 @@ class TableLock(Protocol):
         """Create `path` with `data` (create-if-absent) as a decision of the holder; False when it existed."""
 
     def tenure(self) -> int | None:
-        """A number for this thread's current holding of the lock (None when it does not hold it): what the
-        holder read under it stays valid while the number is the same, since only holders change the timeline."""
+        """A number for this thread's current holding of the lock (None when it does not hold it)."""
+
+    def epoch(self) -> int | None:
+        """While this thread holds the lock: a number for the run of this process's holdings with nobody else's
+        between them (a holding that takes the free generation the last one's release made continues it; else
+        its tenure). What a holder read stays valid through the epoch, kept up to date by its own changes, since
+        only holders change the timeline. None when this thread does not hold the lock."""
 
     def quiet(self) -> contextlib.AbstractContextManager[int | None]:
         """For a read: the generation at which nothing has changed since (see the module docstring), or None."""
@@ -89,9 +100,9 @@ def quiet_generation(path: str) -> int | None:
 
 
 def released_as(path: str) -> tuple[int, int] | None:
-    """(tenure, generation): this process's last holding of the lock at `path` and the free generation its
-    release created. What the holder saw at its end is what a read at that generation sees: a read just after
-    a commit (the services it may call for) lists nothing its commit listed."""
+    """(epoch, generation): the epoch of this process's last holding of the lock at `path` and the free
+    generation its release created. What the holder saw at its end is what a read at that generation sees: a
+    read just after a commit (the services it may call for) lists nothing its commit listed."""
     return _released.get(path)
 
 
@@ -133,6 +144,13 @@ def _tenure_of(path: str) -> dict[str, int]:
     return tenure
 
 
+def _epoch_of(path: str) -> dict[str, int]:
+    epoch = getattr(_local, "epoch", None)
+    if epoch is None:
+        epoch = _local.epoch = {}
+    return epoch
+
+
 class FileLock:
     """Exclusive (or shared, for checks), process-wide, re-entrant within a thread (nested critical sections
     are fine)."""
@@ -144,6 +162,9 @@ class FileLock:
 
     def tenure(self) -> int | None:
         return _tenure_of(self.path).get(self.path) if _depths().get(self.path) else None
+
+    def epoch(self) -> int | None:
+        return _epoch_of(self.path).get(self.path) if _depths().get(self.path) else None
 
     def fence(self, path: str, data: bytes) -> bool:
         return self.storage.create_exclusive(path, data)
@@ -189,7 +210,8 @@ class FileLock:
                         ) from None
                     time.sleep(0.005)
             depth[self.path] = 1
-            _tenure_of(self.path)[self.path] = next(_tenures)
+            _tenure_of(self.path)[self.path] = _epoch_of(self.path)[self.path] = next(_tenures)  # no generations to
+            # tell whether another process held it since this one did
             try:
                 yield
             finally:
@@ -227,6 +249,9 @@ class LeaseLock:
 
     def tenure(self) -> int | None:
         return _tenure_of(self.path).get(self.path) if _depths().get(self.path) else None
+
+    def epoch(self) -> int | None:
+        return _epoch_of(self.path).get(self.path) if _depths().get(self.path) else None
 
     def quiet(self) -> contextlib.AbstractContextManager[int | None]:
         """Known from an earlier read: two HEADs (the generation exists, the next does not; old generations
@@ -278,7 +303,10 @@ class LeaseLock:
             self._mutex.release()
             raise
         depth[self.path] = 1
-        tenure = _tenure_of(self.path)[self.path] = next(_tenures)
+        _tenure_of(self.path)[self.path] = tenure = next(_tenures)
+        released = _released.get(self.path)
+        epoch = _epoch_of(self.path)[self.path] = \
+            released[0] if released is not None and released[1] == lease.generation - 1 else tenure
         # a holding moves the lock on: a read around it is not quiet any more, nor one it is nested in (`quiet`)
         getattr(_quiet, "generations", {}).pop(self.path, None)
         renewal = threading.Thread(target=self._renew, args=(lease,), name=f"lease-{lease.generation}",
@@ -293,7 +321,7 @@ class LeaseLock:
             try:
                 if self._release(lease):
                     _free[self.path] = lease.generation + 1
-                    _released[self.path] = (tenure, lease.generation + 1)
+                    _released[self.path] = (epoch, lease.generation + 1)
             finally:
                 self._mutex.release()
 

@@ -35,7 +35,7 @@ AVRO_PLANS = {Action.REPLACECOMMIT: "clustering_plan"}  # requested plans kept a
 
 FUTURE_ALLOWANCE = dt.timedelta(hours=1)  # how far ahead of this clock another writer's may be
 LISTINGS = 5  # listings of the timeline before a state gap is refused
-_held_listings: dict[str, tuple[int, list[str]]] = {}  # timeline directory -> (the lock's tenure, its listing):
+_held_listings: dict[str, tuple[int, list[str]]] = {}  # timeline directory -> (the lock's epoch, its listing):
 # shared by every Timeline object of the directory in this process, so that all see the holder's changes
 _quiet_listings: dict[str, tuple[tuple[str, int], list[str]]] = {}  # timeline directory -> ((lock path, quiet
 # generation), its listing taken at that generation)
@@ -310,9 +310,12 @@ class Timeline:
         self._listed(remove=name)
 
     def _listed(self, add: str | None = None, remove: str | None = None) -> None:
-        """Keep the listing cached for the lock's holder in step with the holder's own changes."""
-        held = _held_listings.get(self.dir)
-        if held is None or held[0] != self.lock.tenure():
+        """Keep the listing cached for the lock's holders in step with their own changes."""
+        held, epoch = _held_listings.get(self.dir), self.lock.epoch()
+        if epoch is None:  # a change outside a holding (none is made so): whatever was listed is listed again
+            _held_listings.pop(self.dir, None)
+            _quiet_listings.pop(self.dir, None)
+        if held is None or held[0] != epoch:
             return
         names = [n for n in held[1] if n != remove]
         if add is not None and add not in names:
@@ -320,16 +323,17 @@ class Timeline:
         _held_listings[self.dir] = (held[0], names)
 
     def _names(self) -> list[str]:
-        """The timeline directory's listing. While this thread holds the lock, the listing taken under it is
-        reused and kept up to date by this timeline's own changes: only lock holders change the timeline (a
-        write lists it dozens of times, and on an object store each listing is a request). A read made at a
-        quiet generation of the lock (`TableLock.quiet`) reuses the listing taken at it, or the one this
-        process's holding left if its release made that generation."""
-        tenure = self.lock.tenure()
+        """The timeline directory's listing. While this thread holds the lock, the listing taken in the lock's
+        epoch (this holding, and the holdings of this process it continues) is reused and kept up to date by
+        the holders' own changes: only lock holders change the timeline (a write lists it dozens of times, and
+        on an object store each listing is a request). A read made at a quiet generation of the lock
+        (`TableLock.quiet`) reuses the listing taken at it, or the one this process's holding left if its
+        release made that generation."""
+        epoch = self.lock.epoch()
         held = _held_listings.get(self.dir)
-        if tenure is not None and held is not None and held[0] == tenure:
+        if epoch is not None and held is not None and held[0] == epoch:
             return list(held[1])
-        quiet = quiet_generation(self.lock.path) if tenure is None else None
+        quiet = quiet_generation(self.lock.path) if epoch is None else None
         taken = _quiet_listings.get(self.dir)
         if quiet is not None and taken is not None and taken[0] == (self.lock.path, quiet):
             return list(taken[1])
@@ -337,8 +341,8 @@ class Timeline:
             _quiet_listings[self.dir] = ((self.lock.path, quiet), held[1])  # as this process's holding left it
             return list(held[1])
         names = self.storage.list(self.dir)
-        if tenure is not None:
-            _held_listings[self.dir] = (tenure, names)
+        if epoch is not None:
+            _held_listings[self.dir] = (epoch, names)
         elif quiet is not None:
             _quiet_listings[self.dir] = ((self.lock.path, quiet), names)
         return names

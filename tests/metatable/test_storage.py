@@ -276,27 +276,37 @@ def test_a_warm_read_asks_the_store_only_whether_the_lock_moved(rgw):
     assert table.lookup(keys)["file_id"].null_count == 0
 
 
-def test_an_upsert_marks_each_partition_once_and_lists_no_timeline_after_its_commit(rgw, monkeypatch):
-    """Requests of an upsert into 4 file groups of 2 partitions: a marker per partition (not per file), and
-    the timelines listed once by each of its two holdings of the lock (its begin, its commit) only; the
-    services after the commit read at the free generation its release made, as the commit left the listings."""
+def test_an_upsert_marks_each_partition_once_and_lists_the_timelines_only_after_another_process(rgw, monkeypatch):
+    """Requests of upserts into 4 file groups of 2 partitions: a marker per partition (not per file); the
+    timelines are listed when the write takes the lock after another process held it, and not again: its
+    commit takes the free generation its begin's release made (nobody held the lock between them), and the
+    services after the commit read at the free generation the commit's release made. The next upsert of this
+    process lists nothing; each sees the other process's commit."""
     root = f"s3://tests/requests-{time.time_ns()}"
     table = mt.Table.create(root, SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2),
                             metadata_indexes=["column_stats", "record_index"])
     rows = pa.table({"id": pa.array(range(40), pa.int64()), "p": ["a", "b"] * 20, "v": ["x"] * 40,
                      "ts": pa.array([1] * 40, pa.int64())})
     table.upsert(rows)
+    subprocess.run([sys.executable, "-c", "import sys, pyarrow as pa, metatable as mt; mt.Table.open(sys.argv[1])"
+                    ".upsert(pa.table({'id': pa.array([100], pa.int64()), 'p': ['a'], 'v': ['y'], "
+                    "'ts': pa.array([1], pa.int64())}))", root], check=True, timeout=120)
+    rows = pa.concat_tables([rows, pa.table({"id": pa.array([100], pa.int64()), "p": ["a"], "v": ["z"],
+                                             "ts": pa.array([2], pa.int64())})])
     calls: list[tuple[str, str]] = []
     for name in ("write_atomic", "list"):
         original = getattr(ObjectStorage, name)
         monkeypatch.setattr(ObjectStorage, name, lambda self, path, *a, _o=original, _n=name, **k:
                             calls.append((_n, path)) or _o(self, path, *a, **k))
-    result = table.upsert(rows)
-    assert result.updated == 40 and result.files_written == 4
-    markers = [path for kind, path in calls if kind == "write_atomic" and "/.metatable/markers/" in path]
-    assert len(markers) == 2, markers
-    timelines = [path for kind, path in calls if kind == "list" and path.endswith("/.metatable/timeline")]
-    assert len(timelines) == 4, timelines  # the data and the metadata timeline, at the begin and the commit
+    for listings in (2, 0):  # the data and the metadata timeline, once; then none
+        calls.clear()
+        result = table.upsert(rows)
+        assert result.updated == 41 and result.inserted == 0 and result.files_written == 4, result
+        markers = [path for kind, path in calls if kind == "write_atomic" and "/.metatable/markers/" in path]
+        assert len(markers) == 2, markers
+        timelines = [path for kind, path in calls if kind == "list" and path.endswith("/.metatable/timeline")]
+        assert len(timelines) == listings, timelines
+    assert {r["id"]: r["v"] for r in table.to_arrow().to_pylist()}[100] == "z"
 
 
 def test_a_read_that_takes_the_lock_is_quiet_no_more(rgw):
