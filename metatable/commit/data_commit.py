@@ -34,6 +34,7 @@ from metatable.errors import ConflictError, MetadataReplacedError, after_the_com
 from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET, BaseFile, new_write_token
 from metatable.file_group.base_file_writer import new_file
+from metatable.file_group.markers import clear, mark, written_files
 from metatable.file_group.slice_reader import base_keys_present, key_column, members, read_base, read_slice
 from metatable.file_group.written import WrittenFile
 from metatable.formats.data_log import read_data_log, write_data_log, write_parquet_log
@@ -41,7 +42,6 @@ from metatable.formats.log_file import LogFile
 from metatable.metadata.table import metadata_location
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
 from metatable.timeline.instant import BOOTSTRAP_TIME, Action, Instant
-from metatable.file_group.markers import clear, mark, written_files
 from metatable.timeline.transaction import Content
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ def settle_duals(context: TableContext, instant: str, files: list[WrittenFile],
 
 
 def marked_file_groups(context: TableContext, instant: Instant) -> frozenset[str]:
-    """The file groups an inflight write has marked files in so far."""
+    """The file groups an inflight write has written files in so far (in the partitions it marked)."""
     out = set()
     for relative in written_files(context.storage, context.paths, instant.time):
         partition, _, name = relative.rpartition("/")

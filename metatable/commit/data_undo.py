@@ -11,11 +11,11 @@ import shutil
 
 from metatable.commit.index_states import undo_indexing
 from metatable.commit.schema_history import forget_schema
+from metatable.file_group.markers import clear, written_files
 from metatable.metadata.table import MetadataTable
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
 from metatable.timeline.instant import Action, Instant
-from metatable.file_group.markers import clear, written_files
 from metatable.timeline.transaction import Content
 
 
