@@ -84,4 +84,5 @@ def written_by(file_name: str, instant: str) -> bool:
 def clear(storage: Storage, paths: TablePaths, instant: str) -> None:
     directory = paths.markers(instant)
     storage.remove_dir(directory)
-    _marked.difference_update({m for m in _marked if m[0] == directory})
+    with _marking:  # not while a writer thread of another write adds to it
+        _marked.difference_update({m for m in _marked if m[0] == directory})

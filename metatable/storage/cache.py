@@ -38,6 +38,12 @@ class SizedCache(Generic[V]):
             while self._bytes > self.budget:
                 self._bytes -= self._items.popitem(last=False)[1][1]
 
+    def discard(self, key: Hashable) -> None:
+        with self._mutex:
+            item = self._items.pop(key, None)
+            if item is not None:
+                self._bytes -= item[1]
+
     def clear(self) -> None:
         with self._mutex:
             self._items.clear()

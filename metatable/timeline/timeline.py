@@ -5,7 +5,6 @@ only made under the table lock; inflight writers keep a heartbeat.
 """
 from __future__ import annotations
 
-import collections
 import io
 import json
 import datetime as dt
@@ -21,6 +20,7 @@ from avro_schemas import schema
 from metatable.errors import InvalidInputError, TimelineError, after_the_commit_point
 from metatable.faults import crash_point
 from metatable.storage.base import Storage, is_temporary
+from metatable.storage.cache import SizedCache
 from metatable.storage.paths import TablePaths
 from metatable.timeline.archive import Archive, ArchiveSummary, Carry, Content
 from metatable.timeline.heartbeat import Heartbeat, is_expired
@@ -39,9 +39,8 @@ _held_listings: dict[str, tuple[int, list[str]]] = {}  # timeline directory -> (
 # shared by every Timeline object of the directory in this process, so that all see the holder's changes
 _quiet_listings: dict[str, tuple[tuple[str, int], list[str]]] = {}  # timeline directory -> ((lock path, quiet
 # generation), its listing taken at that generation)
-_completions: collections.OrderedDict[str, bytes] = collections.OrderedDict()  # completed state file on an
-# object store -> what this process wrote to it, the newest COMPLETIONS_KEPT: it is created once, never rewritten
-COMPLETIONS_KEPT = 64
+_completions: SizedCache[bytes] = SizedCache(1 << 20)  # completed state file on an object store -> what this
+# process wrote to it: it is created once, never rewritten
 
 
 class Timeline:
@@ -300,13 +299,11 @@ class Timeline:
                                 f"{instant.action.value} {instant.time}; this one stops without changing it")
         self._listed(add=instant.file_name)
         if instant.is_completed and not self.storage.local:  # the services after a commit read it (`maintenance`);
-            _completions[path] = data  # a local file is cheap to read, and a damaged one must read as damaged
-            while len(_completions) > COMPLETIONS_KEPT:
-                _completions.popitem(last=False)
+            _completions.put(path, data)  # a local file is cheap to read, and a damaged one must read as damaged
 
     def _delete(self, name: str) -> None:
         self.storage.delete(os.path.join(self.dir, name))
-        _completions.pop(os.path.join(self.dir, name), None)
+        _completions.discard(os.path.join(self.dir, name))
         self._listed(remove=name)
 
     def _listed(self, add: str | None = None, remove: str | None = None) -> None:
