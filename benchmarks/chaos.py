@@ -347,7 +347,8 @@ def final_checks(path: str, journals: str) -> dict[str, Any]:
                 model[key] = r
     final = table.to_arrow().to_pylist()
     stored = {(r["p"], r["id"]): r for r in final}
-    torn = sum(stored.get(k) != v for k, v in model.items()) + len(set(stored) - set(model))
+    torn_keys = sorted({k for k, v in model.items() if stored.get(k) != v} | (set(stored) - set(model)))
+    torn = len(torn_keys)
     services, reads, read_problems = Counter(), Counter(), []
     for name in os.listdir(journals):
         role = name.removesuffix(".jsonl")
@@ -373,6 +374,7 @@ def final_checks(path: str, journals: str) -> dict[str, Any]:
         "commits": commits, "attempts": attempts, "acknowledged": acked, "writer_failures": dict(failures),
         "failed_share": round(sum(failures.values()) / max(attempts, 1), 4), "lost": lost, "torn": torn,
         "duplicate_keys": len(final) - len(stored), "rows": len(final), "fsck_healthy": fsck.healthy,
+        "torn_rows": [{"model": model.get(k), "stored": stored.get(k)} for k in torn_keys[:5]],
         "fsck_problems": [f"{p.kind} {p.path}" for p in fsck.problems][:5], "recovered": len(recovered),
         "reader": dict(reads), "reader_problems": read_problems[:5], "services": dict(services),
         "max_ack_gap_s": round(max(gaps, default=0.0), 2), "unexpected_failures": unexpected,

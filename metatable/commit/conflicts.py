@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 from metatable.errors import ClusteringConflict, ConflictError
 from metatable.formats.clustering_plan import busy_file_groups
@@ -167,14 +167,22 @@ class Resolution:
 
 
 def check(this: Committer, instant: Instant, touched: Iterable[str], concurrent: Sequence[Concurrent],
-          shared_keys: SharedKeys | None = None) -> Resolution:
+          shared_keys: SharedKeys | None = None, absent_deletes: Collection[str] = ()) -> Resolution:
     """What to do before committing; raises ConflictError (ClusteringConflict when a clustering is why) when
     this action must fail. `shared_keys(completed concurrent writes)` returns keys this action stored that
-    they stored too."""
+    they stored too. `absent_deletes`: file groups where this action dropped deletes of keys they did not hold
+    when it began; a write that completed into one since may have stored such a key, which the delete, the
+    later write, must remove."""
     touched = set(touched)
     rehome: set[str] = set()
     abort: list[Instant] = []
     for other in concurrent:
+        stored = other.file_groups & set(absent_deletes)
+        if stored and other.instant.is_completed and other.instant.action in WRITE_ACTIONS:
+            raise ConflictError(
+                f"instant {instant.time} deletes keys that file groups {sorted(stored)[:5]} did not hold when it "
+                f"began, and {other.instant.action.value} {other.instant.time} wrote to them since: it may have "
+                f"stored one of those keys; nothing of {instant.time} is visible, retry the delete")
         shared = other.file_groups & touched
         verdict = outcome(this, other.instant.action, bool(shared), other.pending, other.rehash)
         if verdict is Outcome.CONFLICT:

@@ -62,6 +62,7 @@ class Commit:
     file_groups: Sequence[str] | None = None  # the file groups it changes (default: those of its files)
     catch_up: Callable[[list[WrittenFile]], list[WrittenFile]] | None = None  # a resize's, under the lock
     schema: pa.Schema | None = None  # the schema its files have, when it changes the table's (`schema_history`)
+    absent_deletes: frozenset[str] = frozenset()  # file groups that dropped its deletes of keys they did not hold
 
 
 def commit(context: TableContext, c: Commit) -> Instant:
@@ -84,7 +85,7 @@ def publish(context: TableContext, c: Commit) -> Content:
     marked = partial(marked_file_groups, context) if c.committer.action is Action.REPLACECOMMIT else None
     concurrent = concurrent_with(context.timeline, c.instant, c.seen, marked)
     probe = partial(shared_keys, context, files) if context.config.index.type != "bucket" else None
-    resolution = check(c.committer, c.instant, touched, concurrent, probe)
+    resolution = check(c.committer, c.instant, touched, concurrent, probe, c.absent_deletes)
     if c.schema is not None:  # before anything below reads or rewrites files under the widest schema (`config_now`)
         record_schema(context.storage, context.paths, context.config, context.timeline, c.instant, c.schema)
         crash_point("table.commit.schema")

@@ -14,6 +14,8 @@ STATS_SCHEMA = pa.schema([
     ("column_stats", pa.binary()),
     ("bloom_filter", pa.binary()),
 ])
+ABSENT = "absent"  # the kind of a row with no file: the group held none of some keys the write deleted, and
+# wrote nothing to order those deletes after a concurrent write's (`FileGroupWriter`)
 COUNTS = ("inserted", "updated", "deleted", "skipped", "upserted", "stale")
 NO_COUNTS = dict.fromkeys(COUNTS, 0)
 
@@ -48,6 +50,11 @@ class WrittenFile:
 def written_files(rows: Iterable[dict[str, Any]]) -> list[WrittenFile]:
     return [WrittenFile(r["partition"], r["file_id"], r["file_name"], r["kind"], r["size"], r["rows"],
                         r.get("column_stats"), r.get("bloom_filter")) for r in rows if r["file_name"]]
+
+
+def absent_deletes(rows: Iterable[dict[str, Any]]) -> frozenset[str]:
+    """The file groups that dropped deletes of keys they did not hold (`ABSENT`)."""
+    return frozenset(f"{r['partition']}/{r['file_id']}" for r in rows if r["kind"] == ABSENT)
 
 
 def counts(rows: Iterable[dict[str, Any]]) -> dict[str, int]:

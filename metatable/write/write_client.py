@@ -30,7 +30,7 @@ from metatable.commit.data_commit import Commit, commit
 from metatable.commit.timeline_view import TimelineView, group_name
 from metatable.errors import InvalidInputError
 from metatable.faults import crash_point
-from metatable.file_group.written import counts, written_files
+from metatable.file_group.written import absent_deletes, counts, written_files
 from metatable.read.key_lookup import get_rows
 from metatable.read.locator import MetadataIndex
 from metatable.read.reads import plan_of, slice_tables
@@ -212,13 +212,13 @@ class WriteClient:
                 stats = run_local(task, stream, context.storage.scratch(context.paths.spill(instant.time)))
             rows = stats.to_pylist()
             crash_point("table.write.files")
-            files, tally = written_files(rows), counts(rows)
+            files, tally, absent = written_files(rows), counts(rows), absent_deletes(rows)
             for name, n in unwritten.items():
                 tally[name] = tally.get(name, 0) + n
             evolves = not written.schema.equals(view.config.schema)
             commit(context, Commit(instant, Committer.of(self.action, written), files, view.completed_times,
                                    {"operation": operation, **tally, **({"txn": asdict(txn)} if txn else {})},
-                                   schema=written.schema if evolves else None))
+                                   schema=written.schema if evolves else None, absent_deletes=absent))
         result = WriteResult(instant.time, operation, files_written=len(files), seconds=time.monotonic() - started,
                              **tally)
         log.info("%s %s: %d inserted, %d updated, %d upserted, %d deleted, %d skipped, %d stale, %d files in %.2fs",
