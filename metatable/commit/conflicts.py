@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, Collection, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from metatable.errors import ClusteringConflict, ConflictError
 from metatable.formats.clustering_plan import busy_file_groups
@@ -167,22 +167,16 @@ class Resolution:
 
 
 def check(this: Committer, instant: Instant, touched: Iterable[str], concurrent: Sequence[Concurrent],
-          shared_keys: SharedKeys | None = None, absent_deletes: Collection[str] = ()) -> Resolution:
+          shared_keys: SharedKeys | None = None, deleted_keys: SharedKeys | None = None) -> Resolution:
     """What to do before committing; raises ConflictError (ClusteringConflict when a clustering is why) when
     this action must fail. `shared_keys(completed concurrent writes)` returns keys this action stored that
-    they stored too. `absent_deletes`: file groups where this action dropped deletes of keys they did not hold
-    when it began; a write that completed into one since may have stored such a key, which the delete, the
-    later write, must remove."""
+    they stored too; `deleted_keys(...)` the keys this action deleted without finding them (its snapshot
+    did not hold them) that they stored: the delete, completing later, must remove them, and wrote nothing
+    that would."""
     touched = set(touched)
     rehome: set[str] = set()
     abort: list[Instant] = []
     for other in concurrent:
-        stored = other.file_groups & set(absent_deletes)
-        if stored and other.instant.is_completed and other.instant.action in WRITE_ACTIONS:
-            raise ConflictError(
-                f"instant {instant.time} deletes keys that file groups {sorted(stored)[:5]} did not hold when it "
-                f"began, and {other.instant.action.value} {other.instant.time} wrote to them since: it may have "
-                f"stored one of those keys; nothing of {instant.time} is visible, retry the delete")
         shared = other.file_groups & touched
         verdict = outcome(this, other.instant.action, bool(shared), other.pending, other.rehash)
         if verdict is Outcome.CONFLICT:
@@ -198,6 +192,13 @@ def check(this: Committer, instant: Instant, touched: Iterable[str], concurrent:
             raise ConflictError(
                 f"instant {instant.time} stored {len(keys)} keys that a concurrent write stored too (e.g. "
                 f"{keys[0]!r}); nothing of {instant.time} is visible, retry the write and it updates them")
+    if deleted_keys is not None and writes and this.action in WRITE_ACTIONS:
+        keys = deleted_keys(writes)
+        if keys:
+            raise ConflictError(
+                f"instant {instant.time} deletes {len(keys)} keys that it did not find when it began and that a "
+                f"concurrent write stored since (e.g. {keys[0]!r}); nothing of {instant.time} is visible, retry "
+                "the delete and it removes them")
     return Resolution(frozenset(rehome), tuple(abort))
 
 

@@ -62,7 +62,8 @@ class Commit:
     file_groups: Sequence[str] | None = None  # the file groups it changes (default: those of its files)
     catch_up: Callable[[list[WrittenFile]], list[WrittenFile]] | None = None  # a resize's, under the lock
     schema: pa.Schema | None = None  # the schema its files have, when it changes the table's (`schema_history`)
-    absent_deletes: frozenset[str] = frozenset()  # file groups that dropped its deletes of keys they did not hold
+    absent_deletes: Mapping[str, pa.ChunkedArray] = field(default_factory=dict)  # partition -> keys it deleted
+    # without finding them (`written.ABSENT`)
 
 
 def commit(context: TableContext, c: Commit) -> Instant:
@@ -85,7 +86,8 @@ def publish(context: TableContext, c: Commit) -> Content:
     marked = partial(marked_file_groups, context) if c.committer.action is Action.REPLACECOMMIT else None
     concurrent = concurrent_with(context.timeline, c.instant, c.seen, marked)
     probe = partial(shared_keys, context, files) if context.config.index.type != "bucket" else None
-    resolution = check(c.committer, c.instant, touched, concurrent, probe, c.absent_deletes)
+    deleted = partial(keys_stored_by, context, c.absent_deletes) if c.absent_deletes else None
+    resolution = check(c.committer, c.instant, touched, concurrent, probe, deleted)
     if c.schema is not None:  # before anything below reads or rewrites files under the widest schema (`config_now`)
         record_schema(context.storage, context.paths, context.config, context.timeline, c.instant, c.schema)
         crash_point("table.commit.schema")
@@ -359,13 +361,19 @@ def split_into_successors(context: TableContext, view: TimelineView, slots: LogS
 
 
 def shared_keys(context: TableContext, ours: Sequence[WrittenFile], writes: Sequence[Concurrent]) -> list[str]:
-    """Keys stored in this commit's files that files added by the concurrent `writes` store too (in the
-    same partition, or anywhere for a global index): their bloom filters first, then the files."""
+    """Keys stored in this commit's files that files added by the concurrent `writes` store too."""
     mine: dict[str, pa.ChunkedArray] = {}
     for f in ours:
         keys = stored_keys(context, f.partition, f.file_name)
         held = mine[f.partition].chunks if f.partition in mine else []
         mine[f.partition] = pa.chunked_array([*held, *keys.chunks], pa.string())  # a delete's logs store none
+    return keys_stored_by(context, mine, writes)
+
+
+def keys_stored_by(context: TableContext, mine: Mapping[str, pa.ChunkedArray],
+                   writes: Sequence[Concurrent]) -> list[str]:
+    """Which of the keys (by partition) the files added by the concurrent `writes` store (in the same
+    partition, or anywhere for a global index): their bloom filters first, then the files."""
     if not mine:
         return []
     everywhere = pa.chunked_array([c for keys in mine.values() for c in keys.chunks], pa.string())

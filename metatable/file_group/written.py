@@ -13,9 +13,11 @@ STATS_SCHEMA = pa.schema([
     ("deleted", pa.int64()), ("skipped", pa.int64()), ("upserted", pa.int64()), ("stale", pa.int64()),
     ("column_stats", pa.binary()),
     ("bloom_filter", pa.binary()),
+    ("absent_keys", pa.binary()),  # of an `ABSENT` row
 ])
-ABSENT = "absent"  # the kind of a row with no file: the group held none of some keys the write deleted, and
-# wrote nothing to order those deletes after a concurrent write's (`FileGroupWriter`)
+ABSENT = "absent"  # the kind of a row with no file: keys the write deleted that it did not find, and wrote
+# nothing to order after a concurrent write of them (`FileGroupWriter`); the commit probes for them
+ABSENT_GROUP = ""  # the file group of a delete's rows whose keys the index found nowhere (`write_engine`)
 COUNTS = ("inserted", "updated", "deleted", "skipped", "upserted", "stale")
 NO_COUNTS = dict.fromkeys(COUNTS, 0)
 
@@ -24,6 +26,16 @@ def stats_row(partition: str, file_id: str, file_name: str | None, kind: str | N
               counts: dict[str, int], indexes: dict[str, bytes | None] | None = None) -> dict[str, Any]:
     return {"partition": partition, "file_id": file_id, "file_name": file_name, "kind": kind, "size": size,
             "rows": rows, **counts, **(indexes or {"column_stats": None, "bloom_filter": None})}
+
+
+def absent_row(partition: str, file_id: str, keys: pa.Array | pa.ChunkedArray) -> dict[str, Any]:
+    """An `ABSENT` row: the record keys, as an Arrow IPC stream."""
+    sink = pa.BufferOutputStream()
+    table = pa.table({"key": keys})
+    with pa.ipc.new_stream(sink, table.schema) as out:
+        out.write_table(table)
+    return {**stats_row(partition, file_id, None, ABSENT, 0, len(keys), NO_COUNTS),
+            "absent_keys": sink.getvalue().to_pybytes()}
 
 
 @dataclass(frozen=True)
@@ -52,9 +64,14 @@ def written_files(rows: Iterable[dict[str, Any]]) -> list[WrittenFile]:
                         r.get("column_stats"), r.get("bloom_filter")) for r in rows if r["file_name"]]
 
 
-def absent_deletes(rows: Iterable[dict[str, Any]]) -> frozenset[str]:
-    """The file groups that dropped deletes of keys they did not hold (`ABSENT`)."""
-    return frozenset(f"{r['partition']}/{r['file_id']}" for r in rows if r["kind"] == ABSENT)
+def absent_deletes(rows: Iterable[dict[str, Any]]) -> dict[str, pa.ChunkedArray]:
+    """Partition -> the keys a write deleted there without finding them (`ABSENT` rows)."""
+    found: dict[str, list[pa.Array]] = {}
+    for r in rows:
+        if r["kind"] == ABSENT:
+            keys = pa.ipc.open_stream(r["absent_keys"]).read_all()["key"]
+            found.setdefault(r["partition"], []).extend(keys.chunks)
+    return {p: pa.chunked_array(chunks, pa.string()) for p, chunks in found.items()}
 
 
 def counts(rows: Iterable[dict[str, Any]]) -> dict[str, int]:

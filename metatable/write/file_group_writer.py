@@ -27,7 +27,7 @@ from metatable.file_group.base_file_writer import new_file, write_base_file
 from metatable.file_group.record_merge import dedupe_batch, loses, merge_versions, newest_of_each_key
 from metatable.file_group.slice_reader import (keep_log_columns, live_mask, log_keys, log_tables, members, read_slice,
                                                stored_values)
-from metatable.file_group.written import ABSENT, NO_COUNTS, STATS_SCHEMA, stats_row
+from metatable.file_group.written import ABSENT_GROUP, NO_COUNTS, STATS_SCHEMA, absent_row, stats_row
 from metatable.formats.data_log import write_data_log
 from metatable.formats.log_file import LogFile
 from metatable.storage.base import Storage
@@ -48,6 +48,8 @@ class FileGroupWriter:
         self.slice = task.slices.get((partition, file_id))
 
     def write(self, rows: pa.Table) -> list[dict]:
+        if self.file_id == ABSENT_GROUP:  # a delete's keys the index found nowhere
+            return [absent_row(self.partition, self.file_id, rows[KEY_COLUMN])]
         if MOVED_OUT_COLUMN in rows.column_names:  # keys moving to another partition are deleted here
             moved_out = rows.filter(rows[MOVED_OUT_COLUMN])[KEY_COLUMN]
             rows = rows.filter(pc.invert(rows[MOVED_OUT_COLUMN])).drop_columns([MOVED_OUT_COLUMN])
@@ -91,10 +93,10 @@ class FileGroupWriter:
             counts.update(deleted=n_present)
             absent = ~is_present
         dropped = absent is not None and bool(absent.any()) and not self._orders_deletes_of_absent_keys()
+        reported = [self._absent(incoming, absent)] if dropped else []
         if dropped:
             incoming = incoming.filter(pa.array(~absent))
             is_present = is_present[~absent]
-        reported = [stats_row(self.partition, self.file_id, None, ABSENT, 0, 0, NO_COUNTS)] if dropped else []
         if incoming.num_rows == 0:
             counted = [stats_row(self.partition, self.file_id, None, None, 0, 0, counts)] if any(counts.values()) \
                 else []
@@ -117,10 +119,13 @@ class FileGroupWriter:
         markers. A concurrent write may store such a key before this one commits; a merge-on-read slice orders
         its logs by completion (`data_commit.rehome_files`), so the delete, completing later, still wins, as it
         does in Hudi's bucket index. Where nothing would order them (copy-on-write, a group with no base yet)
-        they are dropped and the group reported (`ABSENT`): the commit fails if a concurrent write stored into
-        the group (`conflicts.check`). A chaos run found the delete of a key lost so: dropped as absent, the
+        they are dropped and reported with their keys (`ABSENT`): the commit fails if a concurrent write stored
+        one of them (`conflicts.check`). A chaos run found the delete of a key lost so: dropped as absent, the
         key stored by a write that completed first."""
         return self.config.merge_on_read and self.slice is not None and self.slice.base is not None
+
+    def _absent(self, incoming: pa.Table, absent: np.ndarray) -> dict:
+        return absent_row(self.partition, self.file_id, incoming[KEY_COLUMN].filter(pa.array(absent)))
 
     def _stale(self, incoming: pa.Table, is_present: np.ndarray, current: pa.Table | None) -> int:
         """How many rows update a key the group holds with an ordering value that loses to the stored row's.
@@ -184,10 +189,10 @@ class FileGroupWriter:
                   "deleted": len(moved_out) + int((deletes & present).sum())}
         absent = deletes & ~present
         dropped = bool(absent.any()) and not self._orders_deletes_of_absent_keys()
+        reported = [self._absent(incoming, absent)] if dropped else []
         if dropped:
             incoming, present = incoming.filter(pa.array(~absent)), present[~absent]
         incoming = with_reset_markers(incoming, present)
-        reported = [stats_row(self.partition, self.file_id, None, ABSENT, 0, 0, NO_COUNTS)] if dropped else []
         if config.merge_on_read:
             key = (self.partition, self.file_id)
             base_instant = self.task.log_base_instants.get(key, self.slice.base_instant)

@@ -100,7 +100,7 @@ def _tag_udf(task: WriteTask):
 
     def tag_struct(table: pa.Table) -> pa.Array:
         keys, a = tagger(table)
-        return pa.StructArray.from_arrays([keys, decoded(a.partitions), decoded(a.file_ids),
+        return pa.StructArray.from_arrays([keys, decoded(a.partitions), task.placed(decoded(a.file_ids)),
                                            *([a.present] if present else [])],
                                           names=fields)
 
@@ -111,7 +111,7 @@ def _tag_udf(task: WriteTask):
         moved = pc.is_valid(old_files).to_numpy(zero_copy_only=False)
         both = pa.StructArray.from_arrays(
             [pa.concat_arrays([keys, keys]), pa.concat_arrays([decoded(a.partitions), old_partitions]),
-             pa.concat_arrays([decoded(a.file_ids), old_files]), pa.concat_arrays([a.present, a.present]),
+             pa.concat_arrays([task.placed(decoded(a.file_ids)), old_files]), pa.concat_arrays([a.present, a.present]),
              pa.array(np.r_[np.zeros(n, bool), np.ones(n, bool)])],
             names=[*fields, MOVED_OUT_COLUMN])
         offsets = np.r_[0, np.cumsum(1 + moved)].astype(np.int32)  # row i: its tag, then its move-out if any

@@ -34,11 +34,11 @@ from metatable.write.write_task import FILE_ID_COLUMN, MOVED_OUT_COLUMN, PARTITI
 
 def with_tags(task: WriteTask, rows: pa.Table, keys: pa.Array, assignment: Assignment) -> pa.Table:
     """`rows` with their key, partition path and file group (and whether the key is there already, when the
-    index looked it up); rows assigned nowhere are dropped. When the
+    index looked it up); rows assigned nowhere are dropped (`WriteTask.placed`). When the
     task moves keys, a row whose key moved partition also goes, flagged `MOVED_OUT_COLUMN`, to the file group
     it moved out of (every row carries the flag, so the chunks of a stream share one schema)."""
     tagged = rows.append_column(KEY_COLUMN, keys).append_column(PARTITION_COLUMN, assignment.partitions) \
-        .append_column(FILE_ID_COLUMN, assignment.file_ids)
+        .append_column(FILE_ID_COLUMN, task.placed(assignment.file_ids))
     if task.looks_up_keys:
         tagged = tagged.append_column(PRESENT_COLUMN, assignment.present)
     if task.moves_keys:

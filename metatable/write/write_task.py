@@ -5,9 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from indexes.arrow_keys import decoded
 from indexes.bloom_index import BloomPlan
 
 from metatable.file_group.file_slice import FileSlice
+from metatable.file_group.written import ABSENT_GROUP
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
 from metatable.table_config import TableConfig
@@ -28,6 +33,14 @@ class WriteTask:
     slices: Mapping[tuple[str, str], FileSlice] = field(default_factory=dict)
     log_base_instants: Mapping[tuple[str, str], str] = field(default_factory=dict)  # pending compactions
     index_plan: Any = None  # what the index pinned on the driver: BloomPlan, BucketLayout or RingPlan
+
+    def placed(self, file_ids: pa.Array) -> pa.Array:
+        """The file groups of tagged rows. A delete's keys that the index found nowhere go to `ABSENT_GROUP`,
+        whose writer reports them: a write that completes while the delete runs may store one, and the
+        commit probes for that (`conflicts.check`). Other rows assigned nowhere are dropped."""
+        if self.operation == "delete" and file_ids.null_count:
+            return pc.fill_null(decoded(file_ids), ABSENT_GROUP)
+        return file_ids
 
     @property
     def moves_keys(self) -> bool:

@@ -67,15 +67,18 @@ def test_writers_of_the_same_file_group(table, retries):
     assert not reopened.context.timeline.pending()
 
 
-@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
-def test_a_delete_of_a_key_that_a_write_completing_first_stored_removes_it(tmp_path, table_type):
+@pytest.mark.parametrize("table_type,index", [("merge_on_read", "bucket"), ("copy_on_write", "bucket"),
+                                              ("copy_on_write", "bloom"), ("merge_on_read", "record")])
+def test_a_delete_of_a_key_that_a_write_completing_first_stored_removes_it(tmp_path, table_type, index):
     """A delete of key 9 begins while the table does not hold it, and stops (SIGSTOP) after writing its files
-    (none); an upsert then stores 9 and commits. The delete completes last, so 9 is gone: merge-on-read writes
-    the delete marker of 9 all the same (logs are ordered by completion); copy-on-write fails the attempt with
-    a conflict (it wrote nothing that would order the delete of 9) and its retry deletes 9. A chaos run found
-    such a delete dropped as a delete of an absent key, and the key stored."""
+    (none); an upsert then stores 9 and commits. The delete completes last, so 9 is gone. Merge-on-read on a
+    bucket index writes the delete marker of 9 all the same (logs are ordered by completion); elsewhere the
+    delete wrote nothing that would order it after the upsert (copy-on-write, or an index that found 9
+    nowhere), its commit finds 9 stored by the concurrent write and fails, and its retry deletes 9. A chaos
+    run found such a delete dropped as a delete of an absent key, and the key stored."""
     table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts", table_type=table_type,
-                            index=mt.IndexConfig(num_buckets=1))
+                            index=mt.IndexConfig(type=index, num_buckets=1),
+                            metadata_indexes=["column_stats", *(["bloom_filter"] if index == "bloom" else [])])
     seed = rows(range(5), "a", "seed")
     table.upsert(pa.Table.from_pylist(seed, schema=SCHEMA))
     delete = start(table.path, "delete", rows([9], "a", "gone"), METATABLE_STOP_AT="table.write.files")
