@@ -5,7 +5,6 @@ timeline. Actions and services take a context, never a `Table`, so they depend o
 """
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -19,19 +18,19 @@ from metatable.errors import (ConfigError, CorruptFileError, MetatableError, Mis
                               TableNotFoundError)
 from metatable.formats.clustering_plan import RESIZE
 from metatable.metadata.table import MetadataTable, metadata_location
-from metatable.storage.base import Storage, read_json, write_json
+from metatable.storage.base import Storage, read_json
 from metatable.storage.location import storage_for, table_root
 from metatable.storage.paths import TablePaths
 from metatable.table_config import READY, TableConfig, parse_index_states
+from metatable.timeline.held_reads import forget, read_held, write_held
 from metatable.timeline.instant import WRITE_ACTIONS, Action, Instant, Moment
-from metatable.timeline.lock import quiet_generation, table_lock
+from metatable.timeline.lock import table_lock
 from metatable.timeline.timeline import Timeline
 from metatable.timeline.transaction import Transactions
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-_quiet_configs: dict[str, tuple[int, dict[str, Any]]] = {}  # table.json path -> (quiet generation, its content)
 
 
 def rejects_writes(timeline: Timeline, instant: Instant) -> bool:
@@ -107,17 +106,10 @@ class TableContext:
         return self.config.with_stored(self.stored())
 
     def stored(self) -> dict[str, Any]:
-        """table.json as it is now: read once per quiet generation of the lock (`TableLock.quiet`), since only
-        lock holders change it."""
-        lock = self.timeline.lock
-        quiet = quiet_generation(lock.path) if lock.tenure() is None else None
-        taken = _quiet_configs.get(self.paths.table_config)
-        if quiet is not None and taken is not None and taken[0] == quiet:
-            return copy.deepcopy(taken[1])
-        stored = read_json(self.storage, self.paths.table_config)
-        if quiet is not None:
-            _quiet_configs[self.paths.table_config] = (quiet, copy.deepcopy(stored))
-        return stored
+        """table.json as it is now: read once per epoch or quiet generation of the lock (`held_reads`), since
+        only lock holders change it."""
+        return read_held(self.timeline.lock, self.paths.table_config,
+                         lambda: read_json(self.storage, self.paths.table_config))
 
     def current_config(self) -> TableConfig:
         """`config_now` with the schema of the latest completed instant: what a write conforms its input to
@@ -141,7 +133,7 @@ class TableContext:
             stored = read_json(self.storage, self.paths.table_config)
             resolved = config_options.resolve({**stored["options"], **options})
             stored["options"] = {k: v for k, v in resolved.items() if v != config_options.OPTIONS[k].default}
-            write_json(self.storage, self.paths.table_config, stored)
+            write_held(self.storage, self.paths.table_config, stored)
         log.info("options of %s stored: %s", self.root, dict(options))
         return stored["options"]
 
@@ -195,5 +187,6 @@ class TableContext:
         storage.check(paths.meta)
         if not storage.create_exclusive(paths.table_config, config.to_json().encode()):
             raise TableExistsError(f"a table already exists at {paths.root}")
+        forget(paths.table_config)  # what this process kept of a table that was here before
         log.info("created %s table at %s", config.table_type, paths.root)
         return paths.root

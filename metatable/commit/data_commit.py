@@ -41,6 +41,7 @@ from metatable.formats.data_log import read_data_log, write_data_log, write_parq
 from metatable.formats.log_file import LogFile
 from metatable.metadata.table import metadata_location
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
+from metatable.timeline.held_reads import read_held
 from metatable.timeline.instant import BOOTSTRAP_TIME, Action, Instant
 from metatable.timeline.transaction import Content
 
@@ -77,7 +78,9 @@ def publish(context: TableContext, c: Commit) -> Content:
     """Under the lock: check, record a schema change, roll back clusterings this write wins over, re-home,
     write the metadata deltacommit; returns the commit metadata."""
     time_ = c.instant.time
-    if metadata_location(context.storage, context.paths).metadata_dir != context.paths.metadata_dir:
+    location = read_held(context.timeline.lock, context.paths.metadata_roots,  # a rebuild swaps under the lock
+                         lambda: metadata_location(context.storage, context.paths))
+    if location.metadata_dir != context.paths.metadata_dir:
         raise MetadataReplacedError(f"{c.committer.action.value} {time_} on {context.root}: the metadata table was "
                                     "rebuilt since this process opened the table; open it again and retry")
     duals = [f for f in c.files if f.kind == DUAL]

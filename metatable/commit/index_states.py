@@ -21,9 +21,10 @@ from metatable.file_group.base_file import BaseFile
 from metatable.formats.log_file import LogFile
 from metatable.metadata.file_group import SST_EXTENSION
 from metatable.metadata.table import MetadataTable
-from metatable.storage.base import Storage, read_json, write_json
+from metatable.storage.base import Storage, read_json
 from metatable.storage.paths import TablePaths
 from metatable.table_config import BUILDING, parse_index_states
+from metatable.timeline.held_reads import write_held
 from metatable.timeline.instant import Action, Instant
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def save_states(storage: Storage, paths: TablePaths, states: Mapping[str, str],
     definitions = {**stored.get("secondary_indexes", {}), **(secondary or {})}
     stored["secondary_indexes"] = {name: list(columns) for name, columns in definitions.items()
                                    if secondary_partition(name) in states}
-    write_json(storage, paths.table_config, stored)
+    write_held(storage, paths.table_config, stored)
 
 
 def catch_up_token(instant: str, indexing: str) -> str:

@@ -17,9 +17,10 @@ import pyarrow as pa
 
 from metatable.errors import ConflictError
 from metatable.schema_evolution import evolve, widens
-from metatable.storage.base import Storage, read_json, write_json
+from metatable.storage.base import Storage, read_json
 from metatable.storage.paths import TablePaths
 from metatable.table_config import TableConfig, encode_schema
+from metatable.timeline.held_reads import write_held
 from metatable.timeline.instant import Instant
 from metatable.timeline.timeline import Timeline
 
@@ -50,7 +51,7 @@ def record_schema(storage: Storage, paths: TablePaths, config: TableConfig, time
     if final.equals(current):
         return
     stored.setdefault("schema_history", {})[instant.time] = encode_schema(final)
-    write_json(storage, paths.table_config, stored)
+    write_held(storage, paths.table_config, stored)
     log.info("instant %s changes the schema of %s: %s", instant.time, paths.root,
              ", ".join(f"{f.name} {f.type}" for f in final
                        if f.name not in current.names or current.field(f.name).type != f.type))
@@ -61,4 +62,4 @@ def forget_schema(storage: Storage, paths: TablePaths, time: str) -> None:
     stored = read_json(storage, paths.table_config)
     if time in stored.get("schema_history", {}):
         del stored["schema_history"][time]
-        write_json(storage, paths.table_config, stored)
+        write_held(storage, paths.table_config, stored)

@@ -6,9 +6,11 @@ A marker names a partition, not a file: every data file's name says which instan
 instant, a log's write token `<instant>-<nonce>`), so the partition's listing finds the instant's files. A
 process marks each partition once per instant (`_marked`): a write of 1,000 rows into 56 file groups of 7
 partitions on an object store made 56 marker PUTs, now 7. A marker's name is `@` and the partition's URL-safe
-base64 (one listing of the instant's marker directory names every partition); a partition too long for a
-file name goes into the content of a `~<random>` marker. Markers made before markers named partitions name
-a file (the base64 of its path, no prefix) and are still read.
+base64 (one listing of the instant's marker directory names every partition); partitions too long for a
+file name go into the content of a `~<random>` marker, as do all the partitions of a write that knows them
+before it writes its first file (`mark_all`: an in-process write, once its input is tagged; one PUT where a
+batch into 120 date partitions made 120). Markers made before markers named partitions name a file (the
+base64 of its path, no prefix) and are still read.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import base64
 import os
 import threading
 import uuid
+from typing import Iterable
 
 from metatable.errors import InvalidInputError
 from metatable.file_group.base_file import PARQUET, BaseFile
@@ -26,6 +29,7 @@ from metatable.storage.paths import TablePaths
 NAME_LIMIT = 240  # bytes of a marker's name: file systems allow 255
 PARTITION = "@"  # outside the URL-safe base64 alphabet, as LONG is: the two kinds and a file marker never clash
 LONG = "~"
+SEPARATOR = "\0"  # between the partitions a `LONG` marker names
 _MARKED_LIMIT = 100_000  # (instant, partition) pairs remembered; forgetting one only costs a marker written again
 
 _marked: set[tuple[str, str]] = set()  # (the instant's marker directory, partition) this process has marked
@@ -51,6 +55,21 @@ def mark(storage: Storage, paths: TablePaths, instant: str, partition: str) -> N
         _marked.add((directory, partition))
 
 
+def mark_all(storage: Storage, paths: TablePaths, instant: str, partitions: Iterable[str]) -> None:
+    """Before `instant` writes its first data file into any of `partitions`: one marker names them all (NUL
+    separates them: a partition path escapes NUL, `arrow_keys.encoded_partition_paths`)."""
+    directory = paths.markers(instant)
+    with _marking:
+        new = sorted({p for p in partitions if (directory, p) not in _marked})
+        if not new:
+            return
+        storage.write_atomic(os.path.join(directory, LONG + uuid.uuid4().hex), SEPARATOR.join(new).encode(),
+                             durable=False)
+        if len(_marked) + len(new) > _MARKED_LIMIT:
+            _marked.clear()
+        _marked.update((directory, p) for p in new)
+
+
 def written_files(storage: Storage, paths: TablePaths, instant: str) -> list[str]:
     """The data files `instant` has written (paths relative to the table): its files in the partitions it
     marked, one listing each."""
@@ -60,7 +79,7 @@ def written_files(storage: Storage, paths: TablePaths, instant: str) -> list[str
         if name.startswith("."):
             continue
         if name.startswith(LONG):
-            partitions.add(storage.read(os.path.join(directory, name)).decode())
+            partitions.update(storage.read(os.path.join(directory, name)).decode().split(SEPARATOR))
         elif name.startswith(PARTITION):
             partitions.add(base64.urlsafe_b64decode(name[len(PARTITION):]).decode())
         else:

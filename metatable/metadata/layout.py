@@ -22,6 +22,8 @@ from metatable.metadata.file_group import SST_EXTENSION, MetadataFileGroup, Snap
 from metatable.metadata.records import RecordKind, kind_named
 from metatable.storage.base import Storage, read_json
 from metatable.storage.paths import TablePaths
+from metatable.timeline.held_reads import forget, read_held
+from metatable.timeline.lock import TableLock
 
 COMPACTION_TOKEN = "compacted"  # fixed, so a resumed compaction rewrites its base instead of leaving a twin
 
@@ -40,9 +42,10 @@ def kind_of(partition: str, valid: Iterable[str]) -> RecordKind:
 
 class MetadataLayout:
     def __init__(self, storage: Storage, paths: TablePaths, partitions: Mapping[str, int],
-                 sst_cache_bytes: int | None = None) -> None:
+                 sst_cache_bytes: int | None = None, lock: TableLock | None = None) -> None:
         self.storage = storage
         self.paths = paths
+        self.lock = lock  # the table's: reloads read the properties once per epoch of it (`held_reads`)
         self.partitions = dict(partitions)
         self.sst_cache = SstCache(storage, storage.scratch(paths.sst_cache),
                                   budget=None if storage.local else sst_cache_bytes)
@@ -51,17 +54,22 @@ class MetadataLayout:
     def reload(self) -> bool:
         """Re-read the partitions from the properties (the data table's indexer adds and drops them); returns
         whether they changed."""
-        partitions = dict(read_json(self.storage, self.paths.properties, metadata=True)["partitions"])
+        props = read_held(self.lock, self.paths.properties, self._properties) if self.lock else self._properties()
+        partitions = dict(props["partitions"])
         changed = partitions != self.partitions
         self.partitions = partitions
         return changed
 
     def save(self, partitions: Mapping[str, int]) -> None:
         """Replace the partitions in the properties (atomically; callers hold the lock)."""
-        props = read_json(self.storage, self.paths.properties, metadata=True)
+        props = self._properties()
         props["partitions"] = dict(partitions)
         self.storage.write_atomic(self.paths.properties, json.dumps(props, indent=2, sort_keys=True).encode())
+        forget(self.paths.properties)
         self.partitions = dict(partitions)
+
+    def _properties(self) -> dict[str, Any]:
+        return read_json(self.storage, self.paths.properties, metadata=True)
 
     def kind(self, partition: str) -> RecordKind:
         return kind_of(partition, self.partitions)

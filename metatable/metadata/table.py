@@ -45,6 +45,7 @@ from metatable.metadata.services import (
 from metatable.storage.base import Storage, read_json
 from metatable.storage.location import storage_for
 from metatable.storage.paths import TablePaths
+from metatable.timeline.held_reads import forget
 from metatable.timeline.instant import Action, Instant, State
 from metatable.timeline.lifecycle import run_due
 from metatable.timeline.lock import table_lock
@@ -110,6 +111,7 @@ def point_to(storage: Storage, paths: TablePaths, metadata_dir: str) -> None:
     if not storage.create_exclusive(os.path.join(paths.metadata_roots, f"{generation:08d}"), metadata_dir.encode()):
         raise TimelineError(f"metadata root generation {generation} of {paths.root} exists already: another "
                             "process replaced the metadata table at the same time")
+    forget(paths.metadata_roots)
 
 
 class MetadataTable:
@@ -130,7 +132,7 @@ class MetadataTable:
         self.authority = authority or self.timeline
         self.lock = lock
         self.layout = MetadataLayout(self.storage, paths, dict(props["partitions"]),
-                                     self.options["metadata.sst_cache_bytes"])
+                                     self.options["metadata.sst_cache_bytes"], lock)
         self.transactions = Transactions(
             self.timeline, MetadataUndo(self.layout, self.timeline, authority), name="metadata",
             writes=[Action.DELTACOMMIT] if self.standalone else [], services=[Action.COMPACTION],

@@ -47,6 +47,7 @@ from metatable.storage.base import Storage
 from metatable.storage.location import storage_for, table_root
 from metatable.storage.paths import REBUILT_PREFIX, TablePaths
 from metatable.table_config import READY, TableConfig
+from metatable.timeline.held_reads import forget
 from metatable.timeline.instant import BOOTSTRAP_TIME, DATA_ACTIONS, Action, time_from_datetime
 from metatable.timeline.replay import live_files
 
@@ -112,6 +113,7 @@ def restore_properties(path: str, storage: Storage | None = None) -> None:
     props = {"format_version": 1, "partitions": config.metadata_partitions(),
              "options": {k: v for k, v in config.options.items() if k.startswith(METADATA_PREFIXES)}}
     storage.write_atomic(target, json.dumps(props, indent=2, sort_keys=True).encode())
+    forget(target)
     log.warning("remade the unreadable %s from the table config; rebuild the metadata table now", target)
 
 

@@ -39,8 +39,8 @@ _held_listings: dict[str, tuple[int, list[str]]] = {}  # timeline directory -> (
 # shared by every Timeline object of the directory in this process, so that all see the holder's changes
 _quiet_listings: dict[str, tuple[tuple[str, int], list[str]]] = {}  # timeline directory -> ((lock path, quiet
 # generation), its listing taken at that generation)
-_completions: SizedCache[bytes] = SizedCache(1 << 20)  # completed state file on an object store -> what this
-# process wrote to it: it is created once, never rewritten
+_written: SizedCache[bytes] = SizedCache(1 << 20)  # an inflight or completed state file on an object store ->
+# what this process wrote to it: it is created once, and deleted (`_delete`) before it is made again
 
 
 class Timeline:
@@ -171,7 +171,7 @@ class Timeline:
         archive when it was archived since it was listed)."""
         path = os.path.join(self.dir, instant.file_name)
         try:
-            raw = _completions.get(path) if instant.is_completed else None
+            raw = _written.get(path) if instant.state is not State.REQUESTED else None
             if raw is None:
                 raw = self.storage.read(path)
         except FileNotFoundError:
@@ -298,12 +298,13 @@ class Timeline:
             raise TimelineError(f"timeline file {path} exists already: another process made the same transition of "
                                 f"{instant.action.value} {instant.time}; this one stops without changing it")
         self._listed(add=instant.file_name)
-        if instant.is_completed and not self.storage.local:  # the services after a commit read it (`maintenance`);
-            _completions.put(path, data)  # a local file is cheap to read, and a damaged one must read as damaged
+        if instant.state is not State.REQUESTED and not self.storage.local:  # read back by its commit (a metadata
+            _written.put(path, data)  # deltacommit's logs) and by the services after it (`maintenance`); a local
+            # file is cheap to read, and a damaged one must read as damaged
 
     def _delete(self, name: str) -> None:
         self.storage.delete(os.path.join(self.dir, name))
-        _completions.discard(os.path.join(self.dir, name))
+        _written.discard(os.path.join(self.dir, name))
         self._listed(remove=name)
 
     def _listed(self, add: str | None = None, remove: str | None = None) -> None:

@@ -22,6 +22,7 @@ from indexes.assigner import Assignment
 from metatable.arrow_memory import write_memory
 from metatable.config import THREADS
 from metatable.file_group.base_file import new_write_token
+from metatable.file_group.markers import mark_all
 from metatable.file_group.written import STATS_SCHEMA
 from metatable.progress import progress
 from metatable.table_config import KEY_COLUMN
@@ -142,6 +143,7 @@ def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: s
         if isinstance(data, pa.Table):
             rows = next(tag_chunks(task, [data]))
             groups = list(file_group_rows(rows))
+            mark_all(task.storage, task.paths, task.instant, rows[PARTITION_COLUMN].unique().to_pylist())
             return write_groups(task, (partial(rows.take, group) for group in groups), len(groups))
         return write_stream(task, tag_chunks(task, data), spill_dir)
 
@@ -153,6 +155,7 @@ def write_stream(task: WriteTask, chunks: Iterable[pa.Table], spill_dir: str | N
     with GroupSpill(spill_dir, task.config.options["write.spill_compression"]) as spill, \
             KeyPrefetch(task) as prefetch:
         held = hold(chunks, spill, task.config.options["write.spill_bytes"], seen=prefetch.see)
+        mark_all(task.storage, task.paths, task.instant, {p for p, _ in spill.writers or held.keys})
         if not spill.writers:
             return write_groups(task, held.groups(), len(held.keys), prefetch=prefetch)
         return write_groups(task, spill.groups(), len(spill.writers), prefetch=prefetch)

@@ -5,7 +5,7 @@ import base64
 import os
 
 from metatable.file_group.base_file import BaseFile
-from metatable.file_group.markers import clear, mark, written_by, written_files
+from metatable.file_group.markers import clear, mark, mark_all, written_by, written_files
 from metatable.formats.log_file import LogFile
 from metatable.storage.local import LocalStorage
 from metatable.storage.paths import TablePaths
@@ -58,6 +58,21 @@ def test_a_long_partition_goes_into_the_marker_and_clear_forgets_the_marks(tmp_p
     assert not os.path.exists(paths.markers(INSTANT))
     mark(storage, paths, INSTANT, partition)  # forgotten by the clear: marked again
     assert written_files(storage, paths, INSTANT) == [relative]
+
+
+def test_a_write_that_knows_its_partitions_marks_them_all_in_one_marker(tmp_path):
+    """Partitions a path can hold, a line break and `%00` (an escaped NUL) among them; a partition marked
+    already is not named again, and a later `mark` of a named one writes nothing."""
+    storage, paths = LocalStorage(), TablePaths(str(tmp_path))
+    mark(storage, paths, INSTANT, "p=a")
+    partitions = ["p=a", "p=b\nc", "p=%00", "p=d"]
+    mark_all(storage, paths, INSTANT, partitions)
+    mark_all(storage, paths, INSTANT, partitions)
+    mark(storage, paths, INSTANT, "p=d")
+    assert len(os.listdir(paths.markers(INSTANT))) == 2
+    files = sorted(touch(storage, paths, p, BaseFile(f"f{i}", "t", INSTANT, "parquet").file_name)
+                   for i, p in enumerate(partitions))
+    assert written_files(storage, paths, INSTANT) == files
 
 
 def test_written_by_reads_the_instant_from_the_name():

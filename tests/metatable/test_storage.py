@@ -276,9 +276,10 @@ def test_a_warm_read_asks_the_store_only_whether_the_lock_moved(rgw):
     assert table.lookup(keys)["file_id"].null_count == 0
 
 
-def test_an_upsert_marks_each_partition_once_and_lists_the_timelines_only_after_another_process(rgw, monkeypatch):
-    """Requests of upserts into 4 file groups of 2 partitions: a marker per partition (not per file); the
-    timelines are listed when the write takes the lock after another process held it, and not again: its
+def test_an_upsert_marks_its_partitions_once_and_lists_the_timelines_only_after_another_process(rgw, monkeypatch):
+    """Requests of upserts into 4 file groups of 2 partitions: one marker names both (not one per file); the
+    timelines (and table.json, the metadata properties) are read when the write takes the lock after another
+    process held it, and not again: its
     commit takes the free generation its begin's release made (nobody held the lock between them), and the
     services after the commit read at the free generation the commit's release made. The next upsert of this
     process lists nothing; each sees the other process's commit."""
@@ -294,18 +295,22 @@ def test_an_upsert_marks_each_partition_once_and_lists_the_timelines_only_after_
     rows = pa.concat_tables([rows, pa.table({"id": pa.array([100], pa.int64()), "p": ["a"], "v": ["z"],
                                              "ts": pa.array([2], pa.int64())})])
     calls: list[tuple[str, str]] = []
-    for name in ("write_atomic", "list"):
+    for name in ("write_atomic", "list", "read"):
         original = getattr(ObjectStorage, name)
         monkeypatch.setattr(ObjectStorage, name, lambda self, path, *a, _o=original, _n=name, **k:
                             calls.append((_n, path)) or _o(self, path, *a, **k))
-    for listings in (2, 0):  # the data and the metadata timeline, once; then none
+    # the data and the metadata timeline listed once, then none; table.json read before the write begins and
+    # once in the epoch, then only before it begins; the metadata properties once, then not
+    for listings, configs, properties in ((2, 2, 1), (0, 1, 0)):
         calls.clear()
         result = table.upsert(rows)
         assert result.updated == 41 and result.inserted == 0 and result.files_written == 4, result
         markers = [path for kind, path in calls if kind == "write_atomic" and "/.metatable/markers/" in path]
-        assert len(markers) == 2, markers
+        assert len(markers) == 1, markers
         timelines = [path for kind, path in calls if kind == "list" and path.endswith("/.metatable/timeline")]
         assert len(timelines) == listings, timelines
+        reads = [os.path.basename(path) for kind, path in calls if kind == "read"]
+        assert (reads.count("table.json"), reads.count("properties.json")) == (configs, properties), reads
     assert {r["id"]: r["v"] for r in table.to_arrow().to_pylist()}[100] == "z"
 
 
