@@ -129,6 +129,14 @@ def schedule(context: TableContext, partitions: Sequence[str],
                 "already indexed: " + ", ".join(f"{p} is {s}" for p, s in taken.items()) +
                 "; drop an index first to rebuild it (`metatable index drop`), or run a pending indexing "
                 "(`metatable index run`)")
+        for stale in context.timeline.pending([Action.INDEXING]):
+            if set(indexed_partitions(context, stale)) & set(partitions):
+                # its partitions have no state: its schedule died before them, or a drop before its rollback.
+                # Two pending indexings of one partition would each build it, and writers would base their
+                # logs on the newer one: a chaos run read a ready record index without the older's bases
+                log.warning("indexing %s plans %s but never made them building: rolled back", stale.time,
+                            sorted(set(indexed_partitions(context, stale)) & set(partitions)))
+                transactions.rollback(stale)
         t = up_to(context)
         plan = {"partitions": counts, "up_to": t, "secondary_indexes": definitions,
                 "file_groups": {file_group_id(p, i): {"partition": p, "index": i}

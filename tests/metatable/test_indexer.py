@@ -372,6 +372,26 @@ def test_sigkill_at_named_points(tmp_path, point):
     check_all(root, tmp_path)
 
 
+def test_a_schedule_after_one_that_died_before_its_states_replaces_it(tmp_path):
+    """An indexer SIGKILLed between its plan and the partitions' states leaves a pending indexing while
+    `indexes()` shows none; a new schedule (what a user, or the chaos benchmark, does then) rolls the old one
+    back instead of leaving two pending indexings of one partition, which writers and the build disagreed on
+    (a chaos run read a ready record index without the older one's bases)."""
+    root = str(tmp_path / "t")
+    make(root)
+    table = mt.Table.open(root, options=OPTIONS)
+    killed = indexer(root, "schedule", *ALL, METATABLE_CRASH_AT="indexer.requested")
+    assert finished(killed)[0] == -signal.SIGKILL
+    (dead,) = pending(table, Action.INDEXING)
+    assert table.indexes().get("record_index") is None
+    table.upsert(pa.Table.from_pylist(rows(range(0, 40), "p1", "w2", 2), schema=SCHEMA))
+    scheduled = table.schedule_indexing(ALL)
+    assert [i.time for i in pending(table, Action.INDEXING)] == [scheduled] != [dead.time]
+    table.upsert(pa.Table.from_pylist(rows(range(20, 60), "p1", "w3", 3), schema=SCHEMA))
+    assert table.run_indexing() == [scheduled]
+    check_all(root, tmp_path)
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_moments(tmp_path):
     rng = random.Random(7)
