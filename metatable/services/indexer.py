@@ -130,12 +130,11 @@ def schedule(context: TableContext, partitions: Sequence[str],
                 "; drop an index first to rebuild it (`metatable index drop`), or run a pending indexing "
                 "(`metatable index run`)")
         for stale in context.timeline.pending([Action.INDEXING]):
-            if set(indexed_partitions(context, stale)) & set(partitions):
-                # its partitions have no state: its schedule died before them, or a drop before its rollback.
-                # Two pending indexings of one partition would each build it, and writers would base their
-                # logs on the newer one: a chaos run read a ready record index without the older's bases
-                log.warning("indexing %s plans %s but never made them building: rolled back", stale.time,
-                            sorted(set(indexed_partitions(context, stale)) & set(partitions)))
+            shared = sorted(set(indexed_partitions(context, stale)) & set(partitions))
+            if shared:  # no state: its schedule died before them, or a drop before its rollback. Two pending
+                # indexings of one partition would each build it, and writers would base their logs on the newer
+                # one: a chaos run read a ready record index without the older one's bases
+                log.warning("indexing %s plans %s but never made them building: rolled back", stale.time, shared)
                 transactions.rollback(stale)
         t = up_to(context)
         plan = {"partitions": counts, "up_to": t, "secondary_indexes": definitions,
