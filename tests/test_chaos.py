@@ -1,7 +1,8 @@
 """The chaos run, short: every configuration of `benchmarks/chaos.py` (writers, compaction, clustering or
 resize, the indexer, clean and a reader, each a process, one SIGKILLed every second or two) for a short
 while; the script checks what must hold and exits non-zero when something does not. The long run is the
-script itself (`python benchmarks/chaos.py`, 10 minutes per configuration). 20 s each here: the suite's time."""
+script itself (`python benchmarks/chaos.py`, 10 minutes per configuration). 15 s each here (about 10 kills):
+the suite's time."""
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ ON_THE_RGW = ["mor-consistent-hashing", "cow-bloom"]  # both table types, the mo
                          indirect=["lake"])
 def test_everything_at_once_with_kills(config, lake, tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--configs", config,
-                           "--seconds", "20", "--kill-every", "1,2", "--workdir", str(tmp_path),
+                           "--seconds", "15", "--kill-every", "1,2", "--workdir", str(tmp_path),
                            "--tables", lake.root], capture_output=True, text=True, timeout=600, cwd=ROOT)
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1, done.stdout[-2000:] + done.stderr[-3000:]

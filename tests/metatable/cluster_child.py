@@ -1,4 +1,5 @@
-"""Child process for the cluster test: the pipeline's Spark steps against a standalone cluster (or local).
+"""Child process for the cluster test: the pipeline's Spark steps against a standalone cluster (`pipeline`,
+which the test also runs in its own local session).
 
 usage: python -m tests.metatable.cluster_child MASTER ROOT DATA_DIR [small]
 DATA_DIR holds load.parquet, upsert.parquet and delete.parquet. Inputs take each path of a Spark write: one
@@ -25,23 +26,8 @@ def python_pid(_: object) -> int:
     return os.getpid()
 
 
-def main() -> None:
-    master, root, data = sys.argv[1:4]
-    tempfile.tempdir = tempfile.mkdtemp()  # where a shipped archive goes (executors fetch it later): listed below
-    spark = mt.spark_session(master=master, shuffle_partitions=4, **{
-        "spark.executor.memory": "768m", "spark.cores.max": "2",
-        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s"})
-    shipped = [name for _, _, names in os.walk(tempfile.tempdir) for name in names if name.endswith(".zip")]
-    pids = sorted(set(spark.sparkContext.parallelize(range(8), 8).map(python_pid).collect()))
-    if sys.argv[4:] == ["small"]:  # executors without the project: a write and a read need what was shipped
-        table = mt.Table.create(root, arrow_schema_of(spark.read.parquet(os.path.join(data, "upsert.parquet"))),
-                                KEY, "ship_year", index=mt.IndexConfig(num_buckets=2))
-        steps = {"load": table.bulk_insert(spark.read.parquet(os.path.join(data, "upsert.parquet"))).inserted,
-                 "read": table.read(spark=spark).count()}
-        print(json.dumps({"driver": os.getpid(), "executors": pids, "shipped": shipped, "steps": steps}))
-        spark.stop()
-        return
+def pipeline(spark, root: str, data: str) -> dict:
+    """The steps on `spark` (the test runs them in its own local session too); the counts each reported."""
     load = spark.read.parquet(os.path.join(data, "load.parquet"))
     # the load's file (~10 MB) is over this limit: the executors read it themselves, tag it and spill it
     table = mt.Table.create(root, arrow_schema_of(load), KEY, "ship_year",
@@ -70,6 +56,27 @@ def main() -> None:
     steps["resize"] = ring.cluster(spark=spark) is not None and sum(r["buckets"] for r in ring.rings()) > before
     ring.upsert(spark.read.parquet(os.path.join(data, "upsert.parquet")).where("l_orderkey > 0"))  # shuffled
     steps["ring_delete"] = ring.delete(spark.read.parquet(os.path.join(data, "delete.parquet"))).deleted
+    return steps
+
+
+def main() -> None:
+    master, root, data = sys.argv[1:4]
+    tempfile.tempdir = tempfile.mkdtemp()  # where a shipped archive goes (executors fetch it later): listed below
+    spark = mt.spark_session(master=master, shuffle_partitions=4, **{
+        "spark.executor.memory": "768m", "spark.cores.max": "2",
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s"})
+    shipped = [name for _, _, names in os.walk(tempfile.tempdir) for name in names if name.endswith(".zip")]
+    pids = sorted(set(spark.sparkContext.parallelize(range(8), 8).map(python_pid).collect()))
+    if sys.argv[4:] == ["small"]:  # executors without the project: a write and a read need what was shipped
+        table = mt.Table.create(root, arrow_schema_of(spark.read.parquet(os.path.join(data, "upsert.parquet"))),
+                                KEY, "ship_year", index=mt.IndexConfig(num_buckets=2))
+        steps = {"load": table.bulk_insert(spark.read.parquet(os.path.join(data, "upsert.parquet"))).inserted,
+                 "read": table.read(spark=spark).count()}
+        print(json.dumps({"driver": os.getpid(), "executors": pids, "shipped": shipped, "steps": steps}))
+        spark.stop()
+        return
+    steps = pipeline(spark, root, data)
     print(json.dumps({"driver": os.getpid(), "executors": pids, "shipped": shipped, "steps": steps}))
     spark.stop()
 

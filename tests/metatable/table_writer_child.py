@@ -1,14 +1,16 @@
 """Child process for table concurrency tests: one action from JSON arguments, result on stdout.
 
-usage: python -m tests.metatable.table_writer_child ROOT OPERATION ROWS_JSON [OPTIONS_JSON [START_AT]]
-OPERATION: upsert, insert, delete, or a Table method without arguments (compact, clean, rebuild_metadata...). START_AT: a wall-clock
-time to wait for, so that several children act at once.
+usage: python -m tests.metatable.table_writer_child ROOT OPERATION ROWS_JSON [OPTIONS_JSON [GO_FILE]]
+OPERATION: upsert, insert, delete, or a Table method without arguments (compact, clean, rebuild_metadata...).
+GO_FILE: once the table is open the child prints `ready` and waits for this file to exist, so that several
+children act at once (`release` in the tests) without a fixed head start.
 exit 0: done (prints the WriteResult or the instants as JSON); exit 3: ConflictError (prints the message).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -26,7 +28,9 @@ def main() -> None:
     table = mt.Table.open(root, options=options)
     data = pa.Table.from_pylist(rows, schema=SCHEMA)
     if len(sys.argv) > 5:
-        time.sleep(max(0.0, float(sys.argv[5]) - time.time()))
+        print("ready", flush=True)
+        while not os.path.exists(sys.argv[5]):
+            time.sleep(0.001)
     try:
         if operation in ("upsert", "insert", "delete"):
             result = getattr(table, operation)(data if operation != "delete" else data.select(["id", "p"]))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import time
@@ -20,7 +21,7 @@ from metatable.table_config import KEY_COLUMN
 from metatable.timeline.instant import DATA_ACTIONS, Action
 
 from .table_model import SCHEMA, TableModel, check_metadata, sort_rows
-from .test_write_concurrency import act, all_succeed, child, finished, rows
+from .test_write_concurrency import act, all_succeed, child, finished, held_at, rows, wait_held
 
 SMALL = {"write.target_file_size": 4096, "clustering.small_file_limit": 1 << 20, "clean.inline": False,
          "heartbeat.interval_s": 0.1, "heartbeat.tolerable_misses": 3}
@@ -193,14 +194,16 @@ def test_a_write_that_began_before_the_clustering_commits_after_it(tmp_path, tab
     table = reopened(table, **{"clustering.updates": updates})
     batch = rows(range(0, 300, 3), "a", "late", 9)
     options = {**SMALL, "clustering.updates": updates}
-    writer = act(table.path, "upsert", batch, options, METATABLE_PAUSE_AT="table.write.files:4")
-    time.sleep(2.5)  # the writer has tagged and written its files
+    go = tmp_path / "go"
+    writer = act(table.path, "upsert", batch, options, **held_at("table.write.files", go))
+    wait_held(writer, go)  # the writer has tagged and written its files
     yields = table_type == "copy_on_write" and updates == "abort_clustering"
     if yields:
         with pytest.raises(ConflictError, match="is writing to"):
             table.cluster()
     else:
         assert table.cluster() is not None
+    go.touch()
     code, out, err = finished(writer)
     if table_type == "merge_on_read" or yields:
         assert code == 0, out + err
@@ -212,17 +215,16 @@ def test_a_write_that_began_before_the_clustering_commits_after_it(tmp_path, tab
 
 
 def a_write_wins_over_a_clusterer_held_at(table: mt.Table, model: TableModel, point: str) -> tuple[int, str, str]:
-    """A clusterer process held 4 s at `point` once its plan exists, while an abort_clustering write wins;
+    """A clusterer process held at `point` once its plan exists, while an abort_clustering write wins;
     returns how the clusterer ended."""
-    clusterer = act(table.path, "cluster", [], SMALL, METATABLE_PAUSE_AT=f"{point}:4")
-    deadline = time.time() + 30
-    while not table.context.timeline.pending([Action.REPLACECOMMIT]):
-        assert time.time() < deadline
-        time.sleep(0.05)
+    go = os.path.join(os.path.dirname(table.path), "go")
+    clusterer = act(table.path, "cluster", [], SMALL, **held_at(point, go))
+    wait_held(clusterer, go)
     batch = rows(range(0, 20), "a", "wins", 9)
     mt.Table.open(table.path, options={"clustering.updates": "abort_clustering"}).upsert(
         pa.Table.from_pylist(batch, schema=SCHEMA))
     model.apply("upsert", batch)
+    open(go, "w").close()
     return finished(clusterer)
 
 
@@ -348,7 +350,7 @@ def test_writers_keep_writing_while_another_process_clusters(lake, tmp_path, tab
     mt.Table.create(root, SCHEMA, "id", "p", "ts", table_type=table_type,
                     index=mt.IndexConfig(type=index, num_buckets=2),
                     metadata_indexes=["column_stats", "bloom_filter"], options=options)
-    deadline = time.time() + 20
+    deadline = time.time() + 12
     journals = [str(tmp_path / f"journal-{i}") for i in range(3)]
     procs = [child("clustering_child", root, "write", journals[i], str(i), str(deadline), json.dumps(options))
              for i in range(2)]

@@ -30,7 +30,7 @@ from metatable.timeline.instant import Action
 from .table_model import SCHEMA, TableModel, check_metadata, rows_strategy, sort_rows
 from .test_clustering import model_of
 from .test_indexer import expected, stored
-from .test_write_concurrency import act, all_succeed, child, finished, rows
+from .test_write_concurrency import act, all_succeed, child, finished, held_at, release, rows, wait_held
 
 BASE = {"heartbeat.interval_s": 0.05, "heartbeat.tolerable_misses": 2, "clean.retain_commits": 3,
         "clean.inline": False}
@@ -279,16 +279,16 @@ def test_writes_during_a_pending_resize_dual_write(lake, table_type):
 
 
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
-def test_a_write_that_began_while_the_resize_was_pending_commits_after_it(lake, table_type):
+def test_a_write_that_began_while_the_resize_was_pending_commits_after_it(lake, tmp_path, table_type):
     """The writer (another process) begins after the plan and is held before its commit while the resize
     commits: it adopts its own dual logs and drops its files of the replaced buckets. On both storages."""
     table, model, instant = pending_resize(lake / "t", table_type)
     late = rows(range(0, 700, 2), "a", "late", 5)
-    writer = act(table.path, "upsert", late, {**BASE, **LIVE}, METATABLE_PAUSE_AT="table.write.files:8")
-    deadline = time.time() + 30
-    while not table.context.timeline.pending([Action.DELTACOMMIT, Action.COMMIT]) and time.time() < deadline:
-        time.sleep(0.05)  # the writer has begun
+    go = tmp_path / "go"
+    writer = act(table.path, "upsert", late, {**BASE, **LIVE}, **held_at("table.write.files", go))
+    wait_held(writer, go)
     assert with_options(table, LIVE).run_clustering() == [instant]
+    go.touch()
     code, out, err = finished(writer)
     assert code == 0, out + err
     model.apply("upsert", late)
@@ -304,8 +304,9 @@ def test_two_resizes_racing_for_one_partition(tmp_path):
     data = rows(range(800), "a", "v0")
     table.upsert(pa.Table.from_pylist(data, schema=SCHEMA))
     model.apply("upsert", data)
-    start = time.time() + 4
-    racers = [act(table.path, "cluster", [], {**BASE, **GROW, **LIVE}, start_at=start) for _ in range(2)]
+    go = str(tmp_path / "go")
+    racers = [act(table.path, "cluster", [], {**BASE, **GROW, **LIVE}, go=go) for _ in range(2)]
+    release(racers, go)
     results = [finished(r) for r in racers]
     assert all(code in (0, 3) for code, _, _ in results), results
     completed = table.context.timeline.completed([Action.REPLACECOMMIT])
@@ -386,7 +387,7 @@ def test_writers_and_readers_in_other_processes_during_resizes(tmp_path, table_t
     # longest read, as in Hudi and Delta)
     options = {**BASE, **LIVE, "clean.inline": True, "clean.retain_commits": 100}
     create(root, table_type, options=options)
-    deadline = time.time() + 25
+    deadline = time.time() + 15
     journals = [str(tmp_path / f"journal-{i}") for i in range(4)]
     procs = [child("clustering_child", root, "write", journals[i], str(i), str(deadline), json.dumps(options))
              for i in range(2)]

@@ -18,6 +18,8 @@ import metatable as mt
 from metatable.errors import InvalidInputError
 from metatable.schema_evolution import check_changes, merged_write_schema, widens
 
+from .test_write_concurrency import held_at, release, wait_held
+
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.int32()), ("f", pa.float32()),
                   ("d", pa.decimal128(5, 2))])
@@ -154,10 +156,13 @@ def test_a_write_that_fails_after_merging_the_schema_leaves_it_unchanged(tmp_pat
 
 # -- concurrent and killed changes --------------------------------------------------------------------------
 CHILD = """
-import sys, pyarrow as pa, metatable as mt
-root, column, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
-import time; time.sleep(max(0.0, start - time.time()))
+import os, sys, time, pyarrow as pa, metatable as mt
+root, column, go = sys.argv[1:4]
 t = mt.Table.open(root, options={"heartbeat.interval_s": 0.1})
+if go:
+    print("ready", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.001)
 ids = list(range(1000 + 100 * len(column), 1010 + 100 * len(column)))
 data = pa.table({"id": ids, "p": ["a"] * 10, "v": pa.array([1] * 10, pa.int32()),
                  "f": pa.array([0.5] * 10, pa.float32()), "d": pa.array([None] * 10, pa.decimal128(5, 2)),
@@ -167,19 +172,19 @@ for i in range(3):
 """
 
 
-def run_child(root: str, column: str, start: float, **env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CHILD, root, column, str(start)], cwd=ROOT_DIR, text=True,
+def run_child(root: str, column: str, go: str = "", **env: str) -> subprocess.Popen:
+    """A child that adds `column` (three schema changes); with `go`, it waits for `release` once open."""
+    return subprocess.Popen([sys.executable, "-c", CHILD, root, column, go], cwd=ROOT_DIR, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": ROOT_DIR, **env})
 
 
 def test_concurrent_schema_changes_in_separate_processes_all_land(tmp_path):
-    import time
-
     t = new_table(tmp_path / "t")
     t.upsert(rows(range(10)))
-    start = time.time() + 4
-    procs = [run_child(t.path, column, start) for column in ("x", "yy", "zzz")]
+    go = str(tmp_path / "go")
+    procs = [run_child(t.path, column, go) for column in ("x", "yy", "zzz")]
+    release(procs, go)
     for proc in procs:
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err
@@ -196,7 +201,7 @@ def test_concurrent_schema_changes_in_separate_processes_all_land(tmp_path):
 def test_a_schema_change_killed_before_it_completes_is_not_seen_and_is_undone(tmp_path):
     t = new_table(tmp_path / "t", options={"heartbeat.interval_s": 0.1, "heartbeat.tolerable_misses": 2})
     t.upsert(rows(range(10)))
-    proc = run_child(t.path, "x", 0, METATABLE_CRASH_AT="table.commit.schema")
+    proc = run_child(t.path, "x", METATABLE_CRASH_AT="table.commit.schema")
     proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL
     stored = json.loads((tmp_path / "t" / ".metatable" / "table.json").read_text())
@@ -228,12 +233,13 @@ def test_a_merge_write_moved_into_a_clustering_that_completed_meanwhile_keeps_it
     from .test_clustering import loaded, reopened
 
     table, _ = loaded(str(tmp_path / "t"))
+    go = tmp_path / "go"
     writer = subprocess.Popen([sys.executable, "-c", MERGE_WRITER, table.path], cwd=ROOT_DIR, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env={**os.environ, "PYTHONPATH": ROOT_DIR, "METATABLE_PAUSE_AT": "table.write.files:4"})
-    import time
-    time.sleep(2.5)  # the writer has tagged and written its logs
+                              env={**os.environ, "PYTHONPATH": ROOT_DIR, **held_at("table.write.files", go)})
+    wait_held(writer, go)  # the writer has tagged and written its logs
     assert reopened(table).cluster() is not None
+    go.touch()
     out, err = writer.communicate(timeout=120)
     assert writer.returncode == 0, err
     got = {r["id"]: r for r in mt.Table.open(table.path).to_arrow(filter=[("p", "==", "a")]).to_pylist()}

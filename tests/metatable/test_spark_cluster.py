@@ -20,6 +20,8 @@ import pytest
 import metatable as mt
 from metatable.demo import generate_lineitem
 
+from .cluster_child import pipeline
+
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEY = ["l_orderkey", "l_linenumber"]
 SCALE_FACTOR = 0.05
@@ -111,18 +113,20 @@ def table_rows(root: str) -> pa.Table:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lake", ["s3"], indirect=True)
-def test_the_pipeline_on_a_standalone_cluster_equals_local_mode_and_the_expected_rows(cluster, data, lake, tmp_path):
+def test_the_pipeline_on_a_standalone_cluster_equals_local_mode_and_the_expected_rows(cluster, data, lake, spark,
+                                                                                      tmp_path):
     """The cluster writes `s3://` tables on the RGW (workers started without its credentials, stock pyspark
     without Hadoop's S3 connector: the executors reach the bucket through the storage the driver hands them);
-    local mode writes the same steps into local files. Both equal the expected rows and each other: one
-    cluster run covers both storages (a second one cost 75 s of the suite)."""
+    local mode (the test run's session: a process of its own cost 40 s) writes the same steps into local files.
+    Both equal the expected rows and each other: one cluster run covers both storages (a second one cost 75 s
+    of the suite)."""
     data_dir, expected, (loaded, updated, inserted) = data
     on_cluster = run_steps(cluster, lake / "cluster", data_dir)
     assert on_cluster["driver"] not in on_cluster["executors"], "executors' Python is not the driver's"
     assert len(on_cluster["executors"]) >= 2 and on_cluster["shipped"] == [], "the workers have the project"
     assert mt.Table.open(lake / "cluster").indexes()["record_index"] == "ready"
     steps = on_cluster["steps"]
-    assert steps == run_steps("local[2]", str(tmp_path / "local"), data_dir)["steps"]
+    assert steps == pipeline(spark, str(tmp_path / "local"), str(data_dir))
     assert steps["load"] == loaded and steps["upsert"] == [inserted, updated] and steps["delete"] == 1000
     assert steps["read"] == expected.num_rows and steps["cluster"] and steps["index"] == 1
     assert steps["bloom_upsert"] == [inserted, updated] and steps["bloom_delete"] == 1000

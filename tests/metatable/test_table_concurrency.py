@@ -15,6 +15,7 @@ import metatable as mt
 
 from .table_model import SCHEMA, TableModel, check_metadata, data_files_on_disk, sort_rows
 from .test_storage import stopped, wait_until_stopped
+from .test_write_concurrency import held_at, wait_held
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAST = {"heartbeat.interval_s": 0.05, "heartbeat.tolerable_misses": 2, "lock.lease_s": 2.0}
@@ -42,16 +43,18 @@ def table(lake, request):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("retries", [0, 5])
-def test_writers_of_the_same_file_group(table, retries):
+def test_writers_of_the_same_file_group(table, tmp_path, retries):
     """Copy-on-write: the first to commit wins; the loser's files are gone, and it runs again from the new
     snapshot (`write.conflict_retries`) or, with no retries, fails with the conflict. Merge-on-read on a bucket
     index: both commit (non-blocking). Either way a tie on the ordering field goes to the later completed
     commit (the slow one)."""
+    go = tmp_path / "go"
     slow = start(table.path, "upsert", rows([1, 7], "a", "slow", 5), {"write.conflict_retries": retries},
-                 METATABLE_PAUSE_AT="table.write.files:3")
-    time.sleep(1.5)
+                 **held_at("table.write.files", go))
+    wait_held(slow, go)
     fast = start(table.path, "upsert", rows([1, 8], "a", "fast", 5))
     assert fast.wait(60) == 0, fast.stderr.read()
+    go.touch()
     model = TableModel(True)
     model.apply("upsert", rows(range(5), "a", "seed") + rows(range(5), "b", "seed"))
     model.apply("upsert", rows([1, 8], "a", "fast", 5))
@@ -100,11 +103,13 @@ def test_a_delete_of_a_key_that_a_write_completing_first_stored_removes_it(tmp_p
 
 
 @pytest.mark.slow
-def test_disjoint_writers_both_commit(table):
-    a = start(table.path, "upsert", rows([1, 7], "a", "A", 5), METATABLE_PAUSE_AT="table.write.files:2")
-    time.sleep(1.0)
+def test_disjoint_writers_both_commit(table, tmp_path):
+    go = tmp_path / "go"
+    a = start(table.path, "upsert", rows([1, 7], "a", "A", 5), **held_at("table.write.files", go))
+    wait_held(a, go)
     b = start(table.path, "upsert", rows([2, 9], "b", "B", 5))
     assert b.wait(60) == 0, b.stderr.read()
+    go.touch()
     assert a.wait(60) == 0, a.stderr.read()
     got = {(r["p"], r["id"]): r["v"] for r in mt.Table.open(table.path).to_arrow().to_pylist()}
     assert got[("a", 1)] == "A" and got[("a", 7)] == "A" and got[("b", 2)] == "B" and got[("b", 9)] == "B"

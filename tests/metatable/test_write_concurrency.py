@@ -29,10 +29,31 @@ def child(module: str, *args: str, **env: str) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": ROOT_DIR, **env})
 
 
-def act(root: str, operation: str, rows: list[dict] = (), options: dict | None = None, start_at: float | None = None,
+def act(root: str, operation: str, rows: list[dict] = (), options: dict | None = None, go: str | None = None,
         **env: str) -> subprocess.Popen:
+    """One action in a child process; with `go`, the child opens the table and waits for `release(.., go)`."""
     args = [root, operation, json.dumps(list(rows)), json.dumps(options or {})]
-    return child("table_writer_child", *args, *([str(start_at)] if start_at else []), **env)
+    return child("table_writer_child", *args, *([go] if go else []), **env)
+
+
+def release(procs: list[subprocess.Popen], go: str) -> None:
+    """Once every child started with `go` has opened its table, let them all act at the same moment."""
+    for proc in procs:
+        assert proc.stdout.readline() == "ready\n", proc.communicate()[1]
+    open(go, "w").close()
+
+
+def held_at(point: str, go) -> dict[str, str]:
+    """The environment that holds a child at fault point `point` until the file `go` exists."""
+    return {"METATABLE_PAUSE_AT": f"{point}:{go}"}
+
+
+def wait_held(proc: subprocess.Popen, go) -> None:
+    """Until a child started with `held_at(.., go)` has reached its point (it must not exit first)."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(f"{go}.reached"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
 
 
 def finished(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
@@ -66,14 +87,14 @@ def model_by_completion(table: mt.Table, journals: list[str]) -> TableModel:
 
 
 @pytest.mark.slow
-def test_four_merge_on_read_writers_for_30_seconds(lake, tmp_path):
-    """Four processes upsert overlapping keys into one (initially empty) bucket table for 30 s, with inline
+def test_four_merge_on_read_writers_for_15_seconds(lake, tmp_path):
+    """Four processes upsert overlapping keys into one (initially empty) bucket table for 15 s, with inline
     compactions and cleans: no write fails, and the snapshot equals the model in which the greatest ordering
     value wins and ties go to the later completed commit. On both storages."""
     root = lake / "t"
     mt.Table.create(root, SCHEMA, "id", "p", "ts", table_type="merge_on_read", index=mt.IndexConfig(num_buckets=3),
                     options={"compaction.inline_every": 6, "clean.retain_commits": 4})
-    deadline = time.time() + 30
+    deadline = time.time() + 15
     journals = [str(tmp_path / f"journal-{i}") for i in range(4)]
     procs = [child("nbcc_writer_child", root, journals[i], str(i), str(deadline)) for i in range(4)]
     for proc in procs:
@@ -81,7 +102,7 @@ def test_four_merge_on_read_writers_for_30_seconds(lake, tmp_path):
         assert code == 0, err
     table = mt.Table.open(root)
     commits = sum(1 for path in journals for _ in open(path))
-    assert commits >= 24, f"only {commits} commits in 30 s"
+    assert commits >= 12, f"only {commits} commits in 15 s"
     model = model_by_completion(table, journals)
     assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
     check_metadata(table)
@@ -94,12 +115,12 @@ def test_four_merge_on_read_writers_for_30_seconds(lake, tmp_path):
 @pytest.mark.parametrize("table_type,scope,lake", [
     ("merge_on_read", "global", "local"), ("copy_on_write", "partition", "local"),
     ("merge_on_read", "partition", "s3"), ("copy_on_write", "global", "s3")], indirect=["lake"])  # each kind once
-def test_bloom_writers_never_store_a_new_key_twice(lake, table_type, scope):
-    """3 processes insert the same 200 new keys at once, 10 trials: every key is stored once, and every
-    process either commits or fails with the named conflict. On the RGW too (two of the four kinds, 5 trials:
-    10 took 45 s there)."""
+def test_bloom_writers_never_store_a_new_key_twice(lake, tmp_path, table_type, scope):
+    """3 processes insert the same 200 new keys at once (released together once each has the table open),
+    6 trials: every key is stored once, and every process either commits or fails with the named conflict.
+    On the RGW too (two of the four kinds, 4 trials: 10 took 45 s there)."""
     new = rows(range(1000, 1200), "a", "new")
-    for trial in range(5 if lake.remote else 10):
+    for trial in range(4 if lake.remote else 6):
         root = lake / f"t{trial}"
         seeded = trial % 2 == 1  # half the trials over existing (full) file groups, half on an empty table
         table = mt.Table.create(root, SCHEMA, "id", "p", "ts", table_type=table_type,
@@ -109,8 +130,9 @@ def test_bloom_writers_never_store_a_new_key_twice(lake, table_type, scope):
         if seeded:
             table.upsert(pa.Table.from_pylist(rows(range(100), "a", "seed") + rows(range(100), "b", "seed"),
                                               schema=SCHEMA))
-        start_at = time.time() + 2.0
-        procs = [act(root, "insert", [{**r, "v": f"w{i}"} for r in new], start_at=start_at) for i in range(3)]
+        go = f"{tmp_path}/go-{trial}"
+        procs = [act(root, "insert", [{**r, "v": f"w{i}"} for r in new], go=go) for i in range(3)]
+        release(procs, go)
         outcomes = [finished(p) for p in procs]
         for code, out, err in outcomes:
             assert code in (0, 3), err
@@ -139,17 +161,16 @@ def test_upsert_while_a_compaction_is_pending(tmp_path):
     """A compaction runs (paused before its commit) in one process while another upserts the same file
     groups: the upsert succeeds, and the table equals the model after the compaction and a second one."""
     table, model = seeded_merge_on_read(str(tmp_path / "t"))
-    compactor = act(table.path, "compact", METATABLE_PAUSE_AT="table.compaction.files:4")
-    deadline = time.time() + 30
-    while not table.context.timeline.pending([Action.COMPACTION]):
-        assert time.time() < deadline, "the compaction never started"
-        time.sleep(0.05)
+    go = tmp_path / "go"
+    compactor = act(table.path, "compact", **held_at("table.compaction.files", go))
+    wait_held(compactor, go)
     batch = rows(range(10, 30), "a", "during", 3) + rows([1, 2], "b", "during", 3)
     writer = act(table.path, "upsert", batch)
     code, out, err = finished(writer)
     assert code == 0, out + err
     assert table.context.timeline.pending([Action.COMPACTION]), "the upsert should land while compaction is pending"
     model.apply("upsert", batch)
+    go.touch()
     code, out, err = finished(compactor)
     assert code == 0, out + err
     table = mt.Table.open(table.path)
@@ -170,9 +191,11 @@ def test_writer_that_began_before_a_compaction_was_scheduled(tmp_path):
     its logs join the compaction's new slice instead of being lost or failing."""
     table, model = seeded_merge_on_read(str(tmp_path / "t"))
     batch = rows(range(0, 20, 3), "a", "slow", 5)
-    writer = act(table.path, "upsert", batch, METATABLE_PAUSE_AT="table.write.files:3")
-    time.sleep(1.5)
+    go = tmp_path / "go"
+    writer = act(table.path, "upsert", batch, **held_at("table.write.files", go))
+    wait_held(writer, go)
     assert table.compact() is not None
+    go.touch()
     code, out, err = finished(writer)
     assert code == 0, out + err
     model.apply("upsert", batch)
