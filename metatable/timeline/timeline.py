@@ -237,11 +237,13 @@ class Timeline:
     def start(self, instant: Instant) -> Instant:
         return self.transition(instant, State.INFLIGHT)
 
-    def complete(self, instant: Instant, metadata: dict[str, Any] | None = None) -> Instant:
-        """Complete the instant; its heartbeat goes (a roll-forward finished for a dead process leaves none)."""
+    def complete(self, instant: Instant, metadata: dict[str, Any] | None = None, beaten: bool = True) -> Instant:
+        """Complete the instant; its heartbeat goes (a roll-forward finished for a dead process leaves none),
+        unless its maker knows it never had one (`beaten=False`: an attached metadata deltacommit)."""
         done = self.transition(instant, State.COMPLETED, metadata or {})
-        with after_the_commit_point(f"deleting the heartbeat of {instant.action.value} {instant.time}"):
-            self._forget_beats(instant)
+        if beaten:
+            with after_the_commit_point(f"deleting the heartbeat of {instant.action.value} {instant.time}"):
+                self._forget_beats(instant)
         return done
 
     def revert(self, instant: Instant) -> Instant:

@@ -65,6 +65,7 @@ class Transactions:
         self.others = others
         self.blocks_writers = blocks_writers  # a service instant that writers wait on: rolled back if it dies
         self._beating: dict[str, Heartbeat] = {}  # instant time -> its heartbeat, while `running`
+        self._beatless: set[str] = set()  # instants this process began without a heartbeat (nothing to delete)
 
     @property
     def lock(self) -> TableLock:
@@ -78,6 +79,8 @@ class Transactions:
         with self.lock.held():
             self.recover()
             instant = self.timeline.request(action, time, plan, self.others(), beat=beat)
+            if not beat:
+                self._beatless.add(instant.time)
             return self.timeline.start(instant) if start else instant
 
     def schedule(self, action: Action, plan: Content) -> Instant:
@@ -116,7 +119,9 @@ class Transactions:
             beating = self._beating.get(instant.time)
             if beating is not None:  # its last beat lands before the completion deletes the heartbeat, not after
                 beating.stop(remove=False)  # (a beat after it was a leftover heartbeat fsck reported)
-            return self.timeline.complete(current, metadata)
+            beaten = current.time not in self._beatless  # else no heartbeat to delete: one request fewer
+            self._beatless.discard(current.time)
+            return self.timeline.complete(current, metadata, beaten)
 
     # -- services: claiming a pending plan -------------------------------------------------------------
     def claim(self, instant: Instant) -> Instant | None:
@@ -139,6 +144,7 @@ class Transactions:
     # -- undoing -----------------------------------------------------------------------------------
     def abort(self, instant: Instant) -> None:
         """Roll back `instant` unless it completed (or is a roll-forward action, finished by recovery)."""
+        self._beatless.discard(instant.time)
         with self.lock.held():
             current = self.timeline.get(instant.time, instant.action)
             if current is None:  # rolled back by another process (a write won over this clustering, or its

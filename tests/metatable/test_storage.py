@@ -282,7 +282,8 @@ def test_an_upsert_marks_its_partitions_once_and_lists_the_timelines_only_after_
     process held it, and not again: its
     commit takes the free generation its begin's release made (nobody held the lock between them), and the
     services after the commit read at the free generation the commit's release made. The next upsert of this
-    process lists nothing; each sees the other process's commit."""
+    process lists nothing; each sees the other process's commit. Only the data instant's heartbeat is
+    deleted."""
     root = f"s3://tests/requests-{time.time_ns()}"
     table = mt.Table.create(root, SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2),
                             metadata_indexes=["column_stats", "record_index"])
@@ -295,7 +296,7 @@ def test_an_upsert_marks_its_partitions_once_and_lists_the_timelines_only_after_
     rows = pa.concat_tables([rows, pa.table({"id": pa.array([100], pa.int64()), "p": ["a"], "v": ["z"],
                                              "ts": pa.array([2], pa.int64())})])
     calls: list[tuple[str, str]] = []
-    for name in ("write_atomic", "list", "read"):
+    for name in ("write_atomic", "list", "read", "delete"):
         original = getattr(ObjectStorage, name)
         monkeypatch.setattr(ObjectStorage, name, lambda self, path, *a, _o=original, _n=name, **k:
                             calls.append((_n, path)) or _o(self, path, *a, **k))
@@ -311,6 +312,8 @@ def test_an_upsert_marks_its_partitions_once_and_lists_the_timelines_only_after_
         assert len(timelines) == listings, timelines
         reads = [os.path.basename(path) for kind, path in calls if kind == "read"]
         assert (reads.count("table.json"), reads.count("properties.json")) == (configs, properties), reads
+        beats = [path for kind, path in calls if kind == "delete" and "/heartbeats/" in path]
+        assert len(beats) == 1 and "/metadata/" not in beats[0], beats  # the metadata deltacommit never beat
     assert {r["id"]: r["v"] for r in table.to_arrow().to_pylist()}[100] == "z"
 
 
