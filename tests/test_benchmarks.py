@@ -29,7 +29,7 @@ BENCHMARKS = [
     ("upsert.py", ["--scale-factor", SF, "--buckets", "2", "--only", "metatable,delta", "--indexes", "bucket"]),
     ("changes.py", ["--scale-factors", SF]),
     ("long_life.py", ["--commits", "120", "--every", "60", "--rows", "2000"]),  # archives: 60 instants by default
-    ("long_life.py", ["--stream-seconds", "12", "--every-seconds", "6", "--rows", "2000"]),
+    ("long_life.py", ["--stream-seconds", "8", "--every-seconds", "4", "--rows", "2000"]),
 ]
 
 

@@ -387,7 +387,7 @@ def test_writers_and_readers_in_other_processes_during_resizes(tmp_path, table_t
     # longest read, as in Hudi and Delta)
     options = {**BASE, **LIVE, "clean.inline": True, "clean.retain_commits": 100}
     create(root, table_type, options=options)
-    deadline = time.time() + 15
+    deadline = time.time() + 10
     journals = [str(tmp_path / f"journal-{i}") for i in range(4)]
     procs = [child("clustering_child", root, "write", journals[i], str(i), str(deadline), json.dumps(options))
              for i in range(2)]

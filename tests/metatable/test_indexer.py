@@ -219,7 +219,8 @@ def test_a_writers_upsert_for_the_whole_indexing(lake, tmp_path, monkeypatch):
     make(root)
     stop = str(tmp_path / "stop")  # the writers write until the indexing is done, however slow the machine
     writers = [indexer(root, "write", str(seed), stop) for seed in (0, 1)]
-    time.sleep(1.5)
+    observer = mt.Table.open(root)  # the writers under way (a sleep of 1.5 s was too short on a loaded machine)
+    wait_for(lambda: len(observer.context.timeline.completed([Action.DELTACOMMIT])) >= 6, timeout=120)  # 2 seeds
     monkeypatch.setenv("METATABLE_PAUSE_AT", "indexer.built:1")  # this process's indexer: writers commit meanwhile
     table = mt.Table.open(root, options=OPTIONS)
     indexing = table.schedule_indexing(ALL)
