@@ -39,6 +39,7 @@ def crash_point(name: str) -> None:
 
 
 def _pause(until: str) -> None:
+    """Sleep `until` seconds, or, when it is a file's path, until that file exists (at most 10 minutes)."""
     try:
         time.sleep(float(until))
         return

@@ -43,12 +43,12 @@ def release(procs: list[subprocess.Popen], go: str) -> None:
     open(go, "w").close()
 
 
-def held_at(point: str, go) -> dict[str, str]:
+def held_at(point: str, go: str | os.PathLike[str]) -> dict[str, str]:
     """The environment that holds a child at fault point `point` until the file `go` exists."""
     return {"METATABLE_PAUSE_AT": f"{point}:{go}"}
 
 
-def wait_held(proc: subprocess.Popen, go) -> None:
+def wait_held(proc: subprocess.Popen, go: str | os.PathLike[str]) -> None:
     """Until a child started with `held_at(.., go)` has reached its point (it must not exit first)."""
     deadline = time.monotonic() + 60
     while not os.path.exists(f"{go}.reached"):
