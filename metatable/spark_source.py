@@ -206,8 +206,7 @@ class SnapshotReader(DataSourceReader):
     def partitions(self) -> list[SlicePartition]:
         table = Table.open(self.path, storage=self.storage)
         plan = reads.scan_plan(table.context, self.as_of, self.filters)
-        log.info("metatable source: %d of %d file slices read (%d skipped by column stats)", len(plan.slices),
-                 plan.total, plan.report["skipped"])
+        log.info("metatable source: %d file slices read (%s)", len(plan.slices), plan.report)
         return [SlicePartition(fs) for fs in plan.slices] or [SlicePartition(None)]
 
     def read(self, partition: SlicePartition) -> Iterator[pa.RecordBatch]:

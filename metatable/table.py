@@ -67,7 +67,7 @@ class Table:
         self._open(path, storage or storage_for(path, storage_options))
         self.path = self.context.root
         self.storage = self.context.storage
-        self.last_scan: dict[str, int] = {}
+        self.last_scan: dict[str, Any] = {}
 
     def _open(self, path: str, storage: Storage | None) -> None:
         """Open the table's context: its config, with the index states of now, and its metadata table."""
@@ -275,8 +275,9 @@ class Table:
 
     # -- reads --------------------------------------------------------------------------------------
     def scan_plan(self, as_of: Moment | None = None, filter: Any = None) -> list[FileSlice]:
-        """The file slices a read needs: all of them, less those whose column stats rule the filter out.
-        How many were skipped is logged and kept in `last_scan`."""
+        """The file slices a read needs: all of them, less those whose partition values (read off the path,
+        before their files are listed), column stats or secondary index rule the filter out. How many were
+        skipped is logged and kept in `last_scan` (`ScanPlan.report`)."""
         return self._plan(as_of, filter).slices
 
     def to_arrow(self, as_of: Moment | None = None, read_optimized: bool = False, filter: Any = None,

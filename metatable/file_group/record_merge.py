@@ -79,7 +79,12 @@ def with_version(table: pa.Table, seq: int, deleted: bool = False) -> pa.Table:
 
 
 def dedupe_batch(batch: pa.Table, ordering: str | None, deleted: bool = False) -> pa.Table:
-    """The rows of one incoming batch, one per key (greatest ordering wins, then greatest row values)."""
+    """The rows of one incoming batch, one per key (greatest ordering wins, then greatest row values). A batch
+    whose keys are unique (the usual) is returned as it is, in its order: sorting a workload-benchmark file
+    group's ~67 rows by every column to find nothing to drop cost 0.45 ms, 480 times a batch."""
+    if DELETED_COLUMN not in batch.column_names and _unique(batch[KEY_COLUMN].combine_chunks()):
+        return batch.append_column(DELETED_COLUMN, pa.array(np.ones(batch.num_rows, dtype=bool))) if deleted \
+            else batch
     tiebreak = [c for c in batch.column_names if c not in (KEY_COLUMN, ordering, DELETED_COLUMN)
                 and _sortable(batch.schema.field(c).type)]
     result = survivors(with_version(batch, 0, False), ordering, tiebreak)

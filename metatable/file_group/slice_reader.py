@@ -125,12 +125,15 @@ def log_columns(storage: Storage, path: str, schema: pa.Schema) -> pa.Table:
     is read again). Every write into a file group reads the keys of its logs: the workload benchmark's
     batches, 480 file groups each, read one log more per group each time (1.7-2.5 s for the first batch
     after a compaction, 2.4-4.3 s for the fourth); kept (a new log is put here by its writer,
-    `keep_log_columns`), a writer in the same process reads none of them again."""
-    key = (storage, path, content_version(storage, path), schema)
-    rows = _LOG_COLUMNS.get(key)
-    if rows is None:
-        rows = read_data_log(storage, path, schema)[1]
-        _LOG_COLUMNS.put(key, rows)
+    `keep_log_columns`), a writer in the same process reads none of them again. One entry per file: a kept
+    block that has every field of `schema` answers for any of its columns."""
+    key = (storage, path, content_version(storage, path))
+    kept = _LOG_COLUMNS.get(key)
+    if kept is not None and all((i := kept.schema.get_field_index(f.name)) >= 0 and kept.schema.field(i).equals(f)
+                                for f in schema):
+        return kept.select(schema.names)
+    rows = read_data_log(storage, path, schema)[1]
+    _LOG_COLUMNS.put(key, rows)
     return rows
 
 
@@ -369,12 +372,17 @@ def log_keys(storage: Storage, paths: TablePaths, config: TableConfig,
     return found
 
 
-def keep_log_columns(storage: Storage, path: str, rows: pa.Table) -> None:
-    """A log just written, as `log_columns` would read it in `rows`' schema: the next write into its file
-    group reads its keys (480 such reads were 0.24 s of a workload-benchmark batch)."""
-    _LOG_COLUMNS.put((storage, path, content_version(storage, path), rows.schema), rows)
+def keep_log_columns(storage: Storage, path: str, block: pa.Table) -> None:
+    """A log just written, as `log_columns` would read it: the next write into its file group reads its keys
+    (480 such reads were 0.24 s of a workload-benchmark batch), a compaction in this process all of it (the
+    benchmark's compactions, 1,920 logs each, 2.4 -> ? s). Kept whole up to `KEPT_BLOCK_BYTES`, else its key
+    and delete flag only: a large write's logs would take the cache from the small ones'."""
+    if block.nbytes > KEPT_BLOCK_BYTES:
+        block = block.select([KEY_COLUMN, DELETED_COLUMN])
+    _LOG_COLUMNS.put((storage, path, content_version(storage, path)), block)
 
 
+KEPT_BLOCK_BYTES = 1 << 20
 _LOG_KEYS: SizedCache[tuple[pa.ChunkedArray, pa.ChunkedArray]] = SizedCache(
     128 << 20, lambda found: found[0].nbytes + found[1].nbytes)
 
@@ -383,6 +391,8 @@ def keys_of_logs(logs: Sequence[pa.Table]) -> tuple[pa.ChunkedArray, pa.ChunkedA
     """`log_keys` of log blocks already read (their key and delete flag at least)."""
     logs = [log.select([KEY_COLUMN, DELETED_COLUMN]) for log in logs]
     touched = pa.concat_tables(logs)[KEY_COLUMN]
+    if len(logs) == 1:  # in one write a key's delete comes before its row (`record_merge`): a row keeps it alive
+        return touched, touched.filter(pc.invert(logs[0][DELETED_COLUMN]))
     if not any(pc.any(log[DELETED_COLUMN]).as_py() for log in logs):
         return touched, touched  # no deletes: every key the logs touch is alive (the merge: 0.15 ms a slice)
     alive = merge_versions(logs, None, pa.schema([(KEY_COLUMN, pa.string())]))[KEY_COLUMN]

@@ -22,6 +22,13 @@ COUNTS = ("inserted", "updated", "deleted", "skipped", "upserted", "stale")
 NO_COUNTS = dict.fromkeys(COUNTS, 0)
 
 
+def stats_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Statistics rows as a table: column by column, as `from_pylist` would at half its cost (0.11 -> 0.055 ms
+    for a file group's one row, paid by each of the 480 file groups of a workload-benchmark batch)."""
+    return pa.Table.from_pydict({name: [row.get(name) for row in rows] for name in STATS_SCHEMA.names},
+                                schema=STATS_SCHEMA)
+
+
 def stats_row(partition: str, file_id: str, file_name: str | None, kind: str | None, size: int, rows: int,
               counts: dict[str, int], indexes: dict[str, bytes | None] | None = None) -> dict[str, Any]:
     return {"partition": partition, "file_id": file_id, "file_name": file_name, "kind": kind, "size": size,

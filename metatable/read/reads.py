@@ -33,13 +33,19 @@ log = logging.getLogger(__name__)
 class ScanPlan:
     slices: list[FileSlice]
     filters: Filter
-    total: int  # file slices in the snapshot
+    total: int  # file slices listed: those of the partitions whose path values the filter may match
     config: TableConfig  # the snapshot's: its schema is the read's
     index: str | None = None  # the secondary index that chose the slices
+    partitions: int = 0  # in the snapshot
+    partitions_skipped: int = 0  # ruled out by their path values, their files not even listed
 
     @property
     def report(self) -> dict[str, Any]:
-        return {"file_slices": self.total, "skipped": self.total - len(self.slices),
+        """What the read skipped: whole partitions by their path values (`partitions_skipped`), then, of the
+        file slices of the others (`file_slices`), those their column stats or a secondary index rule out
+        (`skipped`)."""
+        return {"partitions": self.partitions, "partitions_skipped": self.partitions_skipped,
+                "file_slices": self.total, "skipped": self.total - len(self.slices),
                 **({"secondary_index": self.index} if self.index else {})}
 
     def projected(self, columns: Sequence[str] | None) -> tuple[pa.Schema, TableConfig]:
@@ -64,36 +70,42 @@ def scan_plan(context: TableContext, as_of: Moment | None = None, filter: Any = 
 
 
 def plan_of(view: TimelineView, filters: Filter) -> ScanPlan:
-    """The view's slices the filter may match: judged by each one's partition values (any slice), then by its
-    base file's column stats (a slice without logs, when the table has column stats)."""
-    slices = list(view.file_slices.values())
-    if not filters:
-        return ScanPlan(slices, filters, len(slices), view.config)
+    """The view's slices the filter may match: judged by their partition's values, read off its path, before
+    any of its files is listed (a one-day read of the workload benchmark's 120 days listed and parsed the
+    names of all 480 file groups' ~4,800 files first: 72 of its 110 ms); then by each slice's base file's
+    column stats (a slice without logs, when the table has column stats), or a secondary index."""
     config = view.config
+    partitions = view.partitions
+    ranges = {p: partition_ranges(p, config.schema, config.partition_by) for p in partitions} if filters else {}
+    listed = [p for p in partitions if may_match_any(filters, ranges[p].get)] if filters else partitions
+    found = view.file_slices if len(listed) == len(partitions) else view.slices_in(view.file_sizes(listed))
+    slices = list(found.values())
+    pruned = {"partitions": len(partitions), "partitions_skipped": len(partitions) - len(listed)}
+    if not filters:
+        return ScanPlan(slices, filters, len(slices), config, **pruned)
     columns = {c for conjunction in filters for c, _, _ in conjunction}
-    partitions = {fs.partition: partition_ranges(fs.partition, config.schema, config.partition_by) for fs in slices}
     by_stats = [fs for fs in slices if fs.base and not fs.logs] if "column_stats" in config.metadata_indexes else []
     stats = view.metadata.get_many("column_stats", [column_stats_key(c, fs.partition, fs.base.file_name)
                                                     for fs in by_stats for c in columns - set(config.partition_by)])
     with_stats = {id(fs) for fs in by_stats}
 
     def possible(fs: FileSlice) -> bool:
-        def ranges(column: str) -> Any:
-            if column in partitions[fs.partition]:
-                return partitions[fs.partition][column]
+        def ranges_of(column: str) -> Any:
+            if column in ranges[fs.partition]:
+                return ranges[fs.partition][column]
             s = stats.get(column_stats_key(column, fs.partition, fs.base.file_name)) if id(fs) in with_stats else None
             return None if s is None else (s["min_value"], s["max_value"])
-        return may_match_any(filters, ranges)
+        return may_match_any(filters, ranges_of)
     kept = [fs for fs in slices if possible(fs)]
     by_index = filter_slices(view, filters)
     if by_index is not None:
         index, groups = by_index
         kept = [fs for fs in kept if (fs.partition, fs.file_id) in groups]
         log.info("read: secondary index %s leaves %d of %d file slices", index, len(kept), len(slices))
-        return ScanPlan(kept, filters, len(slices), config, index)
-    log.info("read: %d of %d file slices skipped by partition values and column stats", len(slices) - len(kept),
-             len(slices))
-    return ScanPlan(kept, filters, len(slices), config)
+        return ScanPlan(kept, filters, len(slices), config, index, **pruned)
+    log.info("read: %d of %d partitions skipped by their values, %d of %d file slices by partition values and "
+             "column stats", pruned["partitions_skipped"], len(partitions), len(slices) - len(kept), len(slices))
+    return ScanPlan(kept, filters, len(slices), config, **pruned)
 
 
 def filtered(context: TableContext, view: TimelineView, filter: Any) -> pa.Table:

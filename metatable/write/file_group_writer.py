@@ -27,7 +27,7 @@ from metatable.file_group.base_file_writer import new_file, write_base_file
 from metatable.file_group.record_merge import dedupe_batch, loses, merge_versions, newest_of_each_key
 from metatable.file_group.slice_reader import (keep_log_columns, live_mask, log_keys, log_tables, members, read_slice,
                                                stored_values)
-from metatable.file_group.written import ABSENT_GROUP, NO_COUNTS, STATS_SCHEMA, absent_row, stats_row
+from metatable.file_group.written import ABSENT_GROUP, NO_COUNTS, absent_row, stats_row
 from metatable.formats.data_log import write_data_log
 from metatable.formats.log_file import LogFile
 from metatable.storage.base import Storage
@@ -228,7 +228,7 @@ class FileGroupWriter:
             [rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
              for f in schema], schema=schema)
         size = write_data_log(self.storage, path, self.task.instant, block, *self.config.log_encoding)
-        keep_log_columns(self.storage, path, block.select([KEY_COLUMN, DELETED_COLUMN]))
+        keep_log_columns(self.storage, path, block)
         return stats_row(self.partition, file_id, lf.file_name, kind, size, rows.num_rows, counts)
 
 
@@ -261,13 +261,13 @@ def physical_min(values: pa.ChunkedArray) -> int | None:
     return pc.min(pc.cast(values, pa.int32() if pa.types.is_date32(t) else pa.int64())).as_py()
 
 
-def write_file_group(task: WriteTask, rows: pa.Table, prefetch: KeyPrefetch | None = None) -> pa.Table:
-    """Every incoming row of one file group (tagged) -> statistics of the files written; `prefetch` may have
-    read the slice's keys ahead."""
+def write_file_group(task: WriteTask, rows: pa.Table, prefetch: KeyPrefetch | None = None) -> list[dict]:
+    """Every incoming row of one file group (tagged) -> statistics rows of the files written (`stats_table`
+    makes them a table, once for all the file groups a caller writes); `prefetch` may have read the slice's
+    keys ahead."""
     if rows.num_rows == 0:
-        return STATS_SCHEMA.empty_table()
+        return []
     partition = rows[PARTITION_COLUMN][0].as_py()
     file_id = rows[FILE_ID_COLUMN][0].as_py()
     prefetched = prefetch.take((partition, file_id)) if prefetch is not None else None
-    return pa.Table.from_pylist(FileGroupWriter(task, partition, file_id, prefetched=prefetched).write(rows),
-                                schema=STATS_SCHEMA)
+    return FileGroupWriter(task, partition, file_id, prefetched=prefetched).write(rows)

@@ -9,7 +9,8 @@ from hypothesis import given, settings, strategies as st
 
 import metatable as mt
 from metatable.errors import CorruptFileError
-from metatable.formats.data_log import read_data_log, write_data_log
+from metatable.formats.data_log import CODEC_KEY, WHOLE_BLOCK_BYTES, read_data_log, write_data_log
+from metatable.formats.log_file import read_container
 from metatable.storage.local import LocalStorage
 
 from .table_model import SCHEMA as TABLE_SCHEMA, TableModel, operation_strategy, sort_rows
@@ -57,6 +58,12 @@ def test_truncated_block_is_named(tmp_path, fmt, codec):
         read_data_log(LocalStorage(), path, SCHEMA)
 
 
+def data_block_start(container: bytes) -> int:
+    """Where an Avro container's first data block begins: after the header, which ends with the sync marker
+    that also ends the file."""
+    return container.index(container[-16:]) + 16
+
+
 @pytest.mark.parametrize("codec", ["zstd", "none"])
 def test_damaged_arrow_block_is_named(tmp_path, codec):
     """A flipped byte inside an Arrow block's data fails its CRC-32, where an uncompressed buffer would
@@ -64,7 +71,7 @@ def test_damaged_arrow_block_is_named(tmp_path, codec):
     path = str(tmp_path / "log")
     write_data_log(LocalStorage(), path, "20240101000000000", ROWS, "arrow", codec)
     data = bytearray(open(path, "rb").read())
-    at = data.index(b"ARROW1") + 200  # inside the IPC file, past its magic
+    at = data_block_start(data) + 60  # inside the block (an IPC file, or one compressed whole)
     data[at] ^= 0x01
     open(path, "wb").write(bytes(data))
     with pytest.raises(CorruptFileError, match="CRC-32"):
@@ -124,7 +131,7 @@ def test_every_byte_of_an_arrow_blocks_header_flipped_never_reads_wrong_rows(tmp
     path = str(tmp_path / "log")
     write_data_log(LocalStorage(), path, "20240101000000000", MANY, "arrow", "zstd")
     original = open(path, "rb").read()
-    for position in range(original.index(b"ARROW1")):
+    for position in range(data_block_start(original)):
         data = bytearray(original)
         data[position] ^= 1 << (position % 8)
         open(path, "wb").write(bytes(data))
@@ -132,3 +139,19 @@ def test_every_byte_of_an_arrow_blocks_header_flipped_never_reads_wrong_rows(tmp
             assert read_data_log(LocalStorage(), path, SCHEMA)[1].equals(MANY), position
         except CorruptFileError as e:
             assert e.path == path
+
+
+def test_small_blocks_are_compressed_whole_and_large_ones_buffer_by_buffer(tmp_path):
+    """A small block is one codec call (faster and smaller for the few rows of a file group's share); a large
+    one keeps Arrow's buffer-by-buffer compression, so that a read decodes only the columns it asks for.
+    Both read back as written."""
+    large = pa.concat_tables([MANY] * (WHOLE_BLOCK_BYTES // MANY.nbytes + 1))
+    assert MANY.nbytes < WHOLE_BLOCK_BYTES <= large.nbytes
+    for name, rows in [("small", MANY), ("large", large)]:
+        path = str(tmp_path / name)
+        write_data_log(LocalStorage(), path, "20240101000000000", rows, "arrow", "zstd")
+        meta, _ = read_container(LocalStorage(), path)
+        assert (meta.get(CODEC_KEY) == "zstd") == (name == "small")
+        assert read_data_log(LocalStorage(), path, SCHEMA)[1].equals(rows)
+        wanted = pa.schema([SCHEMA.field("s")])
+        assert read_data_log(LocalStorage(), path, wanted)[1].equals(rows.select(["s"]))

@@ -30,10 +30,10 @@ def test_reads_skip_files_and_stay_exact(tmp_path, spark):
     table.upsert(pa.Table.from_pylist(rows, schema=SCHEMA))
     got = table.to_arrow(filter=[("id", ">=", 42)])
     assert sorted(got["id"].to_pylist()) == list(range(42, 50))
-    assert table.last_scan == {"file_slices": 5, "skipped": 4}
+    assert table.last_scan == {"partitions": 5, "partitions_skipped": 0, "file_slices": 5, "skipped": 4}
     got = table.read(filter=[("d", "<", dt.date(2020, 1, 5)), ("p", "==", "x0")]).collect()
     assert sorted(r.id for r in got) == [0, 1, 2, 3]
-    assert table.last_scan["skipped"] == 4
+    assert table.last_scan == {"partitions": 5, "partitions_skipped": 4, "file_slices": 1, "skipped": 0}
     assert table.to_arrow(filter=[("amount", ">", decimal.Decimal("100"))]).num_rows == 0
     with pytest.raises(InvalidInputError, match="filter column 'nope'"):
         table.to_arrow(filter=[("nope", "==", 1)])
