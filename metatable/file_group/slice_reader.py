@@ -375,8 +375,9 @@ def log_keys(storage: Storage, paths: TablePaths, config: TableConfig,
 def keep_log_columns(storage: Storage, path: str, block: pa.Table) -> None:
     """A log just written, as `log_columns` would read it: the next write into its file group reads its keys
     (480 such reads were 0.24 s of a workload-benchmark batch), a compaction in this process all of it (the
-    benchmark's compactions, 1,920 logs each, 2.4 -> ? s). Kept whole up to `KEPT_BLOCK_BYTES`, else its key
-    and delete flag only: a large write's logs would take the cache from the small ones'."""
+    benchmark's compacting batches, 1,920 logs each: 3.5-4.0 s with only the keys kept, 2.8-3.4 s whole).
+    Kept whole up to `KEPT_BLOCK_BYTES`, else its key and delete flag only: a large write's logs would take
+    the cache from the small ones'."""
     if block.nbytes > KEPT_BLOCK_BYTES:
         block = block.select([KEY_COLUMN, DELETED_COLUMN])
     _LOG_COLUMNS.put((storage, path, content_version(storage, path)), block)
