@@ -2,6 +2,9 @@
 condition) in one commit, through the index, on every index and table type; against a plain model."""
 from __future__ import annotations
 
+import os
+import time
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -268,6 +271,8 @@ def test_a_stream_with_an_operation_column_upserts_and_deletes(spark, tmp_path):
     pq.write_table(rows([2, 3, 4, 3], "a", ["y", "gone", "z", "back"], [2, 2, 2, 3], op=["u", "d", "c", "c"]),
                    source / "1.parquet")
     pq.write_table(rows([1], "a", "gone", 4, op=["d"]), source / "2.parquet")
+    for i in range(3):  # the file source takes files in modification-time order: ties (one millisecond) any way
+        os.utime(source / f"{i}.parquet", (time.time() - 60 + 10 * i,) * 2)
     feed = spark.readStream.schema(spark.read.parquet(str(source)).schema).option("maxFilesPerTrigger", 1) \
         .parquet(str(source))
     query = feed.writeStream.foreachBatch(mt.StreamSink(t.path, "cdc", operation_column="op")) \
