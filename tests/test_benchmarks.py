@@ -30,6 +30,8 @@ BENCHMARKS = [
     ("changes.py", ["--scale-factors", SF]),
     ("long_life.py", ["--commits", "120", "--every", "60", "--rows", "2000"]),  # archives: 60 instants by default
     ("long_life.py", ["--stream-seconds", "8", "--every-seconds", "4", "--rows", "2000"]),
+    ("workload.py", ["--rows", "20000", "--days", "6", "--batches", "2", "--updates", "500", "--inserts", "200",
+                     "--deletes", "50"]),
 ]
 
 
