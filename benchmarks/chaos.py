@@ -17,6 +17,7 @@ fails. `make test` runs a short version of each configuration (tests/test_chaos.
 
     python benchmarks/chaos.py [--seconds 600] [--configs mor-bucket,mor-consistent-hashing,cow-bloom,mor-record]
         [--tables s3://bucket/prefix]   # the tables on an object store (AWS_* variables), journals local
+        [--seed 7]                       # of the kill schedule
 """
 from __future__ import annotations
 
@@ -193,7 +194,7 @@ def reader(path: str, journal: Journal, config: dict, journals: str) -> None:
         wanted = present + absent
         keys = pa.table({"id": pa.array([k[1] for k in wanted], pa.int64()), "p": [k[0] for k in wanted]})
         got = {(r["p"], r["id"]): r for r in table.get(keys).to_pylist()}
-        found = table.lookup(keys)
+        found, explained = table.lookup(keys, explain=True)
         # nothing completed meanwhile (instants may complete out of order: the whole set): get and lookup
         # answer for the same snapshot
         still = completed_data_instants(table) == completed
@@ -207,7 +208,8 @@ def reader(path: str, journal: Journal, config: dict, journals: str) -> None:
                                                                  found["file_id"].to_pylist())}
             wrong = sorted(k for k in wanted if located[k] != (k in rows))
             if wrong:
-                problems.append(f"lookup differs from the snapshot as of {instant} for {wrong[:3]}")
+                problems.append(f"lookup through {explained['index']} differs from the snapshot as of {instant} "
+                                f"for {[(k, 'located' if located[k] else 'not located') for k in wrong[:3]]}")
         journal.write(snapshot=instant, rows=len(rows), checked=still, problems=problems)
         time.sleep(rng.uniform(0.05, 0.3))
 
@@ -259,7 +261,7 @@ def roles(config: dict) -> list[str]:
 
 
 def run_config(name: str, seconds: float, workdir: str, kill_every: tuple[float, float],
-               tables: str | None = None) -> dict[str, Any]:
+               tables: str | None = None, seed: int = 7) -> dict[str, Any]:
     config = CONFIGS[name]
     base = os.path.join(workdir, name)
     shutil.rmtree(base, ignore_errors=True)
@@ -278,7 +280,7 @@ def run_config(name: str, seconds: float, workdir: str, kill_every: tuple[float,
     procs = {role: start(role) for role in roles(config)}
     kills: Counter[str] = Counter()
     crashes: Counter[str] = Counter()
-    rng = random.Random(7)
+    rng = random.Random(seed)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         time.sleep(rng.uniform(*kill_every))
@@ -391,6 +393,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=600, help="how long each configuration runs")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {list(CONFIGS)}")
     parser.add_argument("--kill-every", default="2,5", help="seconds between kills: MIN,MAX")
+    parser.add_argument("--seed", type=int, default=7, help="of the kill schedule (which role, when)")
     parser.add_argument("--workdir", help="where the tables and journals go (default: a temporary directory)")
     parser.add_argument("--tables", help="where the tables go instead: a directory or an s3:// prefix")
     parser.add_argument("--role", help=argparse.SUPPRESS)
@@ -405,7 +408,7 @@ def main() -> int:
     low, high = map(float, args.kill_every.split(","))
     ok = True
     for name in args.configs.split(","):
-        result = run_config(name, args.seconds, workdir, (low, high), args.tables)
+        result = run_config(name, args.seconds, workdir, (low, high), args.tables, args.seed)
         emit(**result)
         ok &= result["ok"]
     return 0 if ok else 1

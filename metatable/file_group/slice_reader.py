@@ -14,7 +14,7 @@ from metatable.errors import CorruptFileError, naming_damage
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.record_merge import merge_versions
 from metatable.formats.data_log import read_data_log
-from metatable.formats.key_pages import footer_fields, key_pages, parquet_footer, worth_probing
+from metatable.formats.key_pages import ParquetFooter, footer_fields, key_pages, parquet_footer, worth_probing
 from metatable.formats.row_pages import read_rows, rows_of_keys
 from metatable.storage.base import Storage
 from metatable.storage.cache import SizedCache
@@ -39,12 +39,14 @@ def read_base(storage: Storage, path: str, schema: pa.Schema | None = None, colu
     (`pre_buffer` coalesces them)."""
     with naming_damage(path):
         check_footer(storage, path, known if known is not None else schema.names if schema is not None else None)
-        file = parquet_file(storage, path)
+        footer = parquet_footer(storage, path)
+        file = parquet_file(storage, path, footer)
         wanted = schema if schema is None or columns is None else pa.schema([schema.field(c) for c in columns])
         if wanted is None:
             return file.read(columns=columns)
-        present = set(file.schema_arrow.names)
-        table = file.read(columns=[n for n in wanted.names if n in present])
+        present = footer.column_names
+        read = [n for n in wanted.names if n in present]
+        table = file.read(columns=None if tuple(read) == present else read)  # None: no column paths to resolve
         if table.schema.equals(wanted):
             return table
         return pa.table([table[f.name].cast(f.type) if f.name in present else pa.nulls(table.num_rows, f.type)
@@ -58,7 +60,7 @@ def check_footer(storage: Storage, path: str, known: Collection[str] | None) -> 
     when every byte of a base file was flipped in turn). Every flat column of a row group must hold exactly
     its rows, and the file's count be theirs. The footer is decoded by `thrift_compact`: pyarrow's metadata
     accessors abort the process on some damaged footers (a C++ exception thrown through a destructor)."""
-    footer = parquet_footer(storage, path)[1]
+    footer = parquet_footer(storage, path).fields
     elements = footer.get(2, [])
     names, leaves, nested, i = [], 0, False, 1
     while i < len(elements):  # the root's children, each with its subtree
@@ -95,22 +97,17 @@ def _subtree(elements: list[dict], i: int) -> tuple[tuple[int, bool], int]:
 
 
 def base_metadata(storage: Storage, path: str) -> pq.FileMetaData:
+    """pyarrow's view of a base file's footer (`ParquetFooter.metadata`: no request once the footer was read)."""
     with naming_damage(path):
-        return footer_metadata(storage, path)
+        return parquet_footer(storage, path).metadata
 
 
-def footer_metadata(storage: Storage, path: str) -> pq.FileMetaData:
-    """pyarrow's view of a base file's footer, made from the footer already read (`parquet_footer`): no request."""
-    raw = parquet_footer(storage, path)[0]
-    return pq.read_metadata(pa.BufferReader(raw + len(raw).to_bytes(4, "little") + b"PAR1"))
-
-
-def parquet_file(storage: Storage, path: str) -> pq.ParquetFile:
+def parquet_file(storage: Storage, path: str, footer: ParquetFooter | None = None) -> pq.ParquetFile:
     """A base file for pyarrow's reader, its footer and size known (`parquet_footer`): on an object store only
     the column chunks are requested, a row group's in one request (`pre_buffer`)."""
-    return pq.ParquetFile(storage.open_input(path, parquet_footer(storage, path)[2]),
-                          metadata=footer_metadata(storage, path), page_checksum_verification=True,
-                          pre_buffer=not storage.local)
+    footer = footer or parquet_footer(storage, path)
+    return pq.ParquetFile(storage.open_input(path, footer.size), metadata=footer.metadata,
+                          page_checksum_verification=True, pre_buffer=not storage.local)
 
 
 def log_tables(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice,
@@ -165,7 +162,7 @@ _INT_TYPES = (1, 2)  # Parquet's INT32 and INT64 physical types
 def int_column_max(storage: Storage, path: str, column: str) -> int | None:
     """The greatest value of a plain INT32 or INT64 column of a base file, as its footer's statistics store it
     (the physical value: a date's days, a timestamp's units); None where the footer does not say."""
-    footer = parquet_footer(storage, path)[1]
+    footer = parquet_footer(storage, path).fields
     elements = footer.get(2, [])
     i, leaf = 1, 0
     while i < len(elements):

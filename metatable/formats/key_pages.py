@@ -20,10 +20,12 @@ import functools
 import itertools
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from indexes.arrow_buffers import string_buffers
 
@@ -304,7 +306,7 @@ def open_parquet(storage: Storage, path: str, size: int | None = None) -> Iterat
 
 def open_read(storage: Storage, path: str) -> contextlib.AbstractContextManager[OpenFile]:
     """A file whose footer was read (`parquet_footer`, cached): open with its size known."""
-    return open_parquet(storage, path, parquet_footer(storage, path)[2])
+    return open_parquet(storage, path, parquet_footer(storage, path).size)
 
 
 def footer_fields(read: Callable[..., R]) -> Callable[..., R]:
@@ -340,16 +342,36 @@ def cached_per_file(maxsize: int) -> Callable[[Callable[[Storage, str], R]], Cal
     return wrap
 
 
+@dataclass(frozen=True, eq=False)
+class ParquetFooter:
+    """A base file's footer as read once: its bytes, its fields decoded (`thrift_compact`), the file's size."""
+
+    raw: bytes
+    fields: dict
+    size: int
+
+    @cached_property
+    def metadata(self) -> pq.FileMetaData:
+        """pyarrow's view of the footer, made from its bytes (no request) once: a full read of the workload
+        benchmark's 480 base files made it for each read, 8% of the read's samples."""
+        return pq.read_metadata(pa.BufferReader(self.raw + len(self.raw).to_bytes(4, "little") + b"PAR1"))
+
+    @cached_property
+    def column_names(self) -> tuple[str, ...]:
+        """The file's top-level columns as pyarrow reads them (asked of each file a read opens)."""
+        return tuple(self.metadata.schema.to_arrow_schema().names)
+
+
 @cached_per_file(maxsize=512)
-def parquet_footer(storage: Storage, path: str) -> tuple[bytes, dict, int]:
-    """A base file's footer, raw and decoded, and the file's size: `key_pages` and `row_pages.file_pages` both
-    start from it (on an object store one ranged request, which gives the size too). 512 of them: a full read
-    of 480 file groups found none of its footers in 64 (decoding them again was a sixth of the read); an
-    8-column file's costs ~34 KB (tracemalloc), so 17 MB for all 512."""
+def parquet_footer(storage: Storage, path: str) -> ParquetFooter:
+    """A base file's footer: `key_pages`, `row_pages.file_pages` and reads of the file all start from it (on
+    an object store one ranged request, which gives the size too). 512 of them: a full read of 480 file
+    groups found none of its footers in 64 (decoding them again was a sixth of the read); an 8-column file's
+    costs ~34 KB (tracemalloc), so 17 MB for all 512."""
     with open_parquet(storage, path) as file:
         raw = file.footer()
         size = file.size
-    return raw, read_struct(raw, 0, path)[0], size
+    return ParquetFooter(raw, read_struct(raw, 0, path)[0], size)
 
 
 def _key_chunks(footer: dict) -> tuple[dict, list[dict]] | None:
@@ -376,7 +398,7 @@ def key_page_count(storage: Storage, path: str) -> int | None:
     index), from the head of each offset index. Deciding whether to probe must not cost the page-index parse
     that probing needs: that took 44 ms for a 1.1M-row file of 4,447 key pages, longer than reading its
     whole key column (~40 ms), and an SF 10 upsert paid it for all 56 files before reading their keys."""
-    found = _key_chunks(parquet_footer(storage, path)[1])
+    found = _key_chunks(parquet_footer(storage, path).fields)
     if found is None:
         return None
     count = 0
@@ -403,7 +425,7 @@ def key_pages(storage: Storage, path: str) -> KeyPages | None:
     dictionary-encoded or unsorted key column: files written before it existed); then callers read the
     whole column. Cached per file identity (an entry is ~100 bytes per page: ~0.4 MB for a 128 MB file of
     1M rows)."""
-    footer = parquet_footer(storage, path)[1]
+    footer = parquet_footer(storage, path).fields
     found = _key_chunks(footer)
     if found is None:
         return None
