@@ -106,6 +106,23 @@ def test_files_against_model(history):
     assert (got or {"files": {}})["files"] == {n: {"size": s, "is_deleted": False} for n, s in model.items()}
 
 
+@given(st.lists(files_record, min_size=1, max_size=10))
+def test_shared_files_records_are_never_changed_by_a_read(history):
+    """`files` records are decoded once per process and shared by every reader (`shares_records`): folding,
+    compacting and showing them must leave the decoded objects as they were, and decoding the same bytes
+    again gives the same record."""
+    assert FILES.shares_records
+    decoded = FILES.decode_many([FILES.encode(r) for r in history])
+    assert decoded == history
+    FILES.visible(FILES.fold(decoded))
+    FILES.compacted(FILES.fold(decoded))
+    for older, newer in zip(decoded, decoded[1:]):
+        FILES.visible(FILES.merge(older, newer))
+    assert decoded == history
+    assert [FILES.decode(FILES.encode(r)) for r in history] == history
+    assert all(a is b for a, b in zip(FILES.decode_many([FILES.encode(r) for r in history]), decoded))
+
+
 def stats_model(history):
     state = None
     for r in history:
