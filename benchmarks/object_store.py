@@ -20,7 +20,7 @@ One JSON line per step and system (seconds, requests by kind), then `ratio` and 
 targets: upsert >= 3x faster than delta-rs; a 1,000-row upsert <= 30 requests; the lookup <= 1 request per
 metadata file group read, no LIST; the get reads only the file slices that hold the keys).
 
-    python benchmarks/object_store.py [--scale-factors 0.1,1] [--workdir bench-data]
+    python benchmarks/object_store.py [--scale-factors 0.1,1] [--workdir bench-data] [--trace upsert_1000]
 """
 from __future__ import annotations
 
@@ -63,9 +63,10 @@ def check(condition: bool, what: str) -> None:
 class Steps:
     """Runs and reports steps: the proxy's counts are reset before each and read after it."""
 
-    def __init__(self, proxy: S3Proxy, scale_factor: float) -> None:
+    def __init__(self, proxy: S3Proxy, scale_factor: float, trace: str | None = None) -> None:
         self.proxy = proxy
         self.scale_factor = scale_factor
+        self.trace = trace  # a step whose requests are printed one by one
 
     def run(self, system: str, step: str, fn, **extra):
         self.proxy.reset()
@@ -74,6 +75,8 @@ class Steps:
         seconds = time.perf_counter() - started
         counts = self.proxy.counts()
         requests = {kind: counts.get(kind, 0) for kind in KINDS if counts.get(kind)}
+        if step == self.trace and self.proxy.trace is not None:
+            emit(scale_factor=self.scale_factor, system=system, step=step, trace=list(self.proxy.trace))
         record = {"scale_factor": self.scale_factor, "system": system, "step": step, "seconds": round(seconds, 3),
                   "requests": requests, "total_requests": sum(requests.values()), **extra}
         RESULTS[(self.scale_factor, system, step)] = record
@@ -224,6 +227,7 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, help="buckets per partition (default: 8 at SF 1, fewer below)")
     ap.add_argument("--systems", default="metatable,delta")
     ap.add_argument("--workdir", default="bench-data")
+    ap.add_argument("--trace", help="a step whose requests to print one by one (kind and target), e.g. upsert_1000")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     server = None
@@ -237,7 +241,7 @@ def main() -> None:
         endpoint, options = server.endpoint, server.storage_options
     try:
         local_s3.create_bucket(options, BUCKET)
-        proxy = S3Proxy(endpoint).start()
+        proxy = S3Proxy(endpoint, trace=[] if args.trace else None).start()
         options = {**options, "endpoint": proxy.endpoint}
         for scale_factor in [float(s) for s in args.scale_factors.split(",")]:
             run_scale(scale_factor, args, options, proxy)
@@ -258,7 +262,7 @@ def run_scale(scale_factor: float, args: argparse.Namespace, options: dict[str, 
     buckets = args.buckets or max(1, min(8, round(8 * scale_factor)))
     prefix = f"s3://{BUCKET}/sf{scale_factor:g}-{time.time_ns()}"
     emit(scale_factor=scale_factor, buckets=buckets, rows=ds.dataset(source).count_rows())
-    steps = Steps(proxy, scale_factor)
+    steps = Steps(proxy, scale_factor, args.trace)
     if "metatable" in args.systems:
         bench_metatable(steps, source, batches, keys, expected, doomed, f"{prefix}/metatable", options, buckets)
     if "delta" in args.systems:

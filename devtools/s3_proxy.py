@@ -47,6 +47,7 @@ class S3Proxy:
     injected: Counter = field(default_factory=Counter)
     seed: int = 0
     port: int = 0
+    trace: list[tuple[str, str]] | None = None  # when a list: every request's kind and target, in order
 
     def __post_init__(self) -> None:
         parsed = urllib.parse.urlparse(self.upstream)
@@ -94,6 +95,8 @@ class S3Proxy:
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+            if self.trace is not None:
+                self.trace.clear()
 
     def _roll(self, p: float) -> bool:
         with self._lock:
@@ -113,6 +116,8 @@ class S3Proxy:
                 kind = _kind(method, target, headers)
                 with self._lock:
                     self.requests[kind] += 1
+                    if self.trace is not None:
+                        self.trace.append((kind, urllib.parse.unquote(target)))
                 faults = self.faults
                 faulty = not faults.only_methods or method in faults.only_methods
                 if faulty and self._roll(faults.slow_down):
