@@ -20,7 +20,6 @@ import functools
 import itertools
 import zlib
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
@@ -350,13 +349,13 @@ class ParquetFooter:
     fields: dict
     size: int
 
-    @cached_property
+    @functools.cached_property
     def metadata(self) -> pq.FileMetaData:
         """pyarrow's view of the footer, made from its bytes (no request) once: a full read of the workload
         benchmark's 480 base files made it for each read, 8% of the read's samples."""
         return pq.read_metadata(pa.BufferReader(self.raw + len(self.raw).to_bytes(4, "little") + b"PAR1"))
 
-    @cached_property
+    @functools.cached_property
     def column_names(self) -> tuple[str, ...]:
         """The file's top-level columns as pyarrow reads them (asked of each file a read opens)."""
         return tuple(self.metadata.schema.to_arrow_schema().names)

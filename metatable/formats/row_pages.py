@@ -74,8 +74,8 @@ class FilePages:
 def file_pages(storage: Storage, path: str) -> FilePages | None:
     """The page layout of a base file, or None when it cannot serve row reads (a nested schema, a column
     chunk without an offset index). Cached per file identity (`cached_per_file`)."""
-    read = parquet_footer(storage, path)
-    raw, footer = read.raw, read.fields
+    parsed = parquet_footer(storage, path)
+    raw, footer = parsed.raw, parsed.fields
     with open_read(storage, path) as file:
         spans = struct_spans(raw, 0, 2, path)
         schema = footer.get(2, [])
