@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from metatable.arrow_memory import WRITE_POOL
+from metatable.arrow_memory import BULK_POOL
 
 JVM_OPTIONS = "-XX:G1PeriodicGCInterval=2000 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
 
@@ -36,7 +36,7 @@ def spark_session(master: str = "local[2]", app_name: str = "metatable", shuffle
                # Arrow's jemalloc pool in the Python workers: mimalloc's (the default) first growth of a
                # worker's heap faults in huge pages, and the session's first big write paid for it. SF 1
                # load after a small warm-up write: 6.7-6.9 -> 5.5 s; later loads the same either way.
-               .config("spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL", WRITE_POOL))
+               .config("spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL", BULK_POOL))
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from indexes.arrow_keys import pair_codes, pair_groups
 from indexes.assigner import Assignment
 
-from metatable.arrow_memory import write_memory
+from metatable.arrow_memory import bulk_memory
 from metatable.config import THREADS
 from metatable.file_group.base_file import new_write_token
 from metatable.file_group.markers import mark_all
@@ -140,7 +140,7 @@ def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: s
     that are tagged one at a time and held by file group in memory up to `write.spill_bytes`; past that,
     they go to `spill_dir`, one file per file group, so that memory holds the budget, two chunks and the
     file groups being written, not the input. Returns the files' statistics."""
-    with write_memory():
+    with bulk_memory():
         if isinstance(data, pa.Table):
             rows = next(tag_chunks(task, [data]))
             groups = list(file_group_rows(rows))
@@ -192,7 +192,7 @@ def spill_tagged(task: WriteTask, chunks: Iterable[pa.Table], directory: str) ->
     group to Arrow files in `directory`, which stay for the write tasks (`write_spilled`). Returns a row per
     file group: its partition, file id, file and row count."""
     spill = GroupSpill(directory, task.config.options["write.spill_compression"])
-    with write_memory():
+    with bulk_memory():
         try:
             # one task per core keeps the cores busy: with a background spill (two chunks held) the SF 1 tag
             # stage took 3.27-3.39 s against 3.09-3.30 s in turn, and each worker peaked at 1.33 GB, not 1.21
@@ -206,7 +206,7 @@ def write_spilled(task: WriteTask, groups: list[tuple[tuple[str, str], list[str]
     """Write each (partition, file id) group from the spill files that the tagging tasks wrote for it, one
     group at a time: the write tasks, one per core, keep the cores busy (SF 1, 2 cores: 2.51-2.58 s
     against 2.63-2.76 s with a thread per core in each task, and a lower peak)."""
-    with write_memory():
+    with bulk_memory():
         return write_groups(task, (partial(read_spilled, paths, key) for key, paths in groups), len(groups), 1)
 
 

@@ -11,14 +11,14 @@ import threading
 import pyarrow as pa
 
 import metatable as mt
-from metatable.arrow_memory import WRITE_POOL, write_memory
+from metatable.arrow_memory import BULK_POOL, bulk_memory
 
 
-def test_a_write_allocates_from_the_write_pool_and_restores_the_default():
+def test_a_write_allocates_from_the_bulk_pool_and_restores_the_default():
     before = pa.default_memory_pool().backend_name
-    assert before != WRITE_POOL
-    with write_memory():
-        assert pa.default_memory_pool().backend_name == WRITE_POOL
+    assert before != BULK_POOL
+    with bulk_memory():
+        assert pa.default_memory_pool().backend_name == BULK_POOL
         inside = pa.array(range(1000))
     assert pa.default_memory_pool().backend_name == before
     assert pa.concat_arrays([inside, pa.array(range(10))]).to_pylist() == [*range(1000), *range(10)]
@@ -30,14 +30,14 @@ def test_overlapping_writes_restore_the_default_only_when_the_last_ends():
     seen: list[str] = []
 
     def first() -> None:
-        with write_memory():
+        with bulk_memory():
             first_in.set()
             second_in.wait(10)
         first_out.set()
 
     def second() -> None:
         first_in.wait(10)
-        with write_memory():
+        with bulk_memory():
             second_in.set()
             first_out.wait(10)
             seen.append(pa.default_memory_pool().backend_name)  # the first write has ended, this one runs
@@ -47,7 +47,7 @@ def test_overlapping_writes_restore_the_default_only_when_the_last_ends():
         t.start()
     for t in threads:
         t.join(20)
-    assert seen == [WRITE_POOL]
+    assert seen == [BULK_POOL]
     assert pa.default_memory_pool().backend_name == before
 
 
@@ -63,8 +63,8 @@ def test_a_write_through_the_api_leaves_the_process_pool_as_it_was(tmp_path):
 def test_a_process_that_chose_its_pool_keeps_it():
     code = textwrap.dedent("""
         import pyarrow as pa
-        from metatable.arrow_memory import write_memory
-        with write_memory():
+        from metatable.arrow_memory import bulk_memory
+        with bulk_memory():
             print(pa.default_memory_pool().backend_name)
     """)
     for chosen in ("system", "mimalloc"):
