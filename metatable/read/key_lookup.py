@@ -175,9 +175,7 @@ def keys_by_slice(candidates: pa.Table, view: TimelineView) -> dict[tuple[str, s
     """The distinct keys of each (partition, file id) of `candidates` that names a file slice. Taken from
     contiguous arrays: a `get` without partition values has a table of candidates per partition, and 480
     takes from its 120 chunks were 25 of the 50 ms of finding the candidates (1,000 keys, 120 days)."""
-    candidates = candidates.combine_chunks()
-    partitions, file_ids, keys = (candidates[name].chunk(0) if candidates.num_rows else candidates[name]
-                                  for name in ("partition", "file_id", "key"))
+    partitions, file_ids, keys = (candidates[name].combine_chunks() for name in ("partition", "file_id", "key"))
     out = {}
     for rows in pair_groups(partitions, file_ids):
         group = (partitions[int(rows[0])].as_py(), file_ids[int(rows[0])].as_py())
