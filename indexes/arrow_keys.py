@@ -180,3 +180,13 @@ def record_index_key_array(partition: str, keys: pa.Array | pa.ChunkedArray, uni
     if unique:
         return keys
     return pc.binary_join_element_wise(pa.scalar(record_index_key(partition, "", False)), keys, "")
+
+
+def record_index_key_arrays(partitions: pa.Array | None, keys: pa.Array, unique: bool) -> pa.Array:
+    """`keys.record_index_key` of record keys, each in its partition path (`partitions`, maybe
+    dictionary-encoded; None where keys are unique): each distinct path's prefix is hashed once."""
+    if unique:
+        return keys
+    encoded = partitions if pa.types.is_dictionary(partitions.type) else pc.dictionary_encode(partitions)
+    prefixes = pa.array([record_index_key(p, "", False) for p in encoded.dictionary.to_pylist()], keys.type)
+    return pc.binary_join_element_wise(prefixes.take(encoded.indices), keys, "")

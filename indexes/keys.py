@@ -121,10 +121,3 @@ def record_index_key(partition_path: str, key: str, global_scope: bool) -> str:
     non-partitioned table or a global index), else `b64(hash64(partition_path)) + record key`."""
     return key if global_scope else b64(hash64(partition_path)) + key
 
-
-def record_index_keys(partition_paths: Sequence[str], keys: Sequence[str], global_scope: bool) -> list[str]:
-    """`record_index_key` of many keys: each distinct partition's prefix is hashed once."""
-    if global_scope:
-        return list(keys)
-    prefixes = {p: b64(hash64(p)) for p in set(partition_paths)}
-    return [prefixes[p] + k for p, k in zip(partition_paths, keys)]

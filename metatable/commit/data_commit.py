@@ -34,7 +34,7 @@ from metatable.errors import ConflictError, MetadataReplacedError, after_the_com
 from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET, BaseFile, new_write_token
 from metatable.file_group.base_file_writer import new_file
-from metatable.file_group.markers import clear, mark, written_files
+from metatable.file_group.markers import clear, mark, own_markers, written_files
 from metatable.file_group.slice_reader import base_keys_present, key_column, members, read_base, read_slice
 from metatable.file_group.written import WrittenFile
 from metatable.formats.data_log import read_data_log, write_data_log, write_parquet_log
@@ -65,12 +65,14 @@ class Commit:
     schema: pa.Schema | None = None  # the schema its files have, when it changes the table's (`schema_history`)
     absent_deletes: Mapping[str, pa.ChunkedArray] = field(default_factory=dict)  # partition -> keys it deleted
     # without finding them (`written.ABSENT`)
+    marked_here: bool = False  # this process wrote every marker of the instant (a write in process)
 
 
 def commit(context: TableContext, c: Commit) -> Instant:
-    done = context.transactions.commit(c.instant, lambda: publish(context, c))
+    markers = own_markers(context.storage, context.paths, c.instant.time) if c.marked_here else None
+    done = context.transactions.commit(c.instant, lambda: publish(context, c), with_heartbeat=markers or ())
     with after_the_commit_point(f"clearing the markers of {c.instant.time}"):
-        clear(context.storage, context.paths, c.instant.time)
+        clear(context.storage, context.paths, c.instant.time, deleted=markers is not None)
     return done
 
 

@@ -76,6 +76,7 @@ def undo_indexing(storage: Storage, paths: TablePaths, metadata: MetadataTable, 
                 if name.endswith("." + SST_EXTENSION):
                     metadata.layout.sst_cache.forget(name)
                 deleted.append(f"{partition}/{name}")
+    metadata.reread()
     if by.action is Action.ROLLBACK:
         states = read_states(storage, paths)
         removed = [p for p in partitions if states.get(p) == BUILDING]

@@ -11,6 +11,10 @@ file name go into the content of a `~<random>` marker, as do all the partitions 
 before it writes its first file (`mark_all`: an in-process write, once its input is tagged; one PUT where a
 batch into 120 date partitions made 120). Markers made before markers named partitions name a file (the
 base64 of its path, no prefix) and are still read.
+
+On an object store a write that made every marker of its instant in its own process (in process, not on
+Spark's executors) deletes them by name, with its heartbeat in one request (`own_markers`), instead of
+listing them first and deleting them in another.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ SEPARATOR = "\0"  # between the partitions a `LONG` marker names
 _MARKED_LIMIT = 100_000  # (instant, partition) pairs remembered; forgetting one only costs a marker written again
 
 _marked: set[tuple[str, str]] = set()  # (the instant's marker directory, partition) this process has marked
+_written: dict[str, list[str]] = {}  # the instant's marker directory -> the markers this process wrote there
 _marking = threading.Lock()
 
 
@@ -46,10 +51,9 @@ def mark(storage: Storage, paths: TablePaths, instant: str, partition: str) -> N
             return
         encoded = PARTITION + base64.urlsafe_b64encode(partition.encode()).decode()
         if len(encoded) <= NAME_LIMIT:
-            storage.write_atomic(os.path.join(directory, encoded), b"", durable=False)
+            _write(storage, directory, encoded, b"")
         else:
-            storage.write_atomic(os.path.join(directory, LONG + uuid.uuid4().hex), partition.encode(),
-                                 durable=False)
+            _write(storage, directory, LONG + uuid.uuid4().hex, partition.encode())
         if len(_marked) >= _MARKED_LIMIT:
             _marked.clear()
         _marked.add((directory, partition))
@@ -63,11 +67,29 @@ def mark_all(storage: Storage, paths: TablePaths, instant: str, partitions: Iter
         new = sorted({p for p in partitions if (directory, p) not in _marked})
         if not new:
             return
-        storage.write_atomic(os.path.join(directory, LONG + uuid.uuid4().hex), SEPARATOR.join(new).encode(),
-                             durable=False)
+        _write(storage, directory, LONG + uuid.uuid4().hex, SEPARATOR.join(new).encode())
         if len(_marked) + len(new) > _MARKED_LIMIT:
             _marked.clear()
         _marked.update((directory, p) for p in new)
+
+
+def _write(storage: Storage, directory: str, name: str, content: bytes) -> None:
+    """A marker (under `_marking`)."""
+    storage.write_atomic(os.path.join(directory, name), content, durable=False)
+    if len(_written) >= _MARKED_LIMIT:
+        _written.clear()
+    _written.setdefault(directory, []).append(name)
+
+
+def own_markers(storage: Storage, paths: TablePaths, instant: str) -> list[str] | None:
+    """The paths of the markers this process wrote for `instant`, on an object store, for a caller that knows
+    no other process wrote one (an in-process write); None on a file system, where `clear` removes the
+    directory."""
+    if storage.local:
+        return None
+    directory = paths.markers(instant)
+    with _marking:
+        return [os.path.join(directory, name) for name in _written.get(directory, [])]
 
 
 def written_files(storage: Storage, paths: TablePaths, instant: str) -> list[str]:
@@ -100,8 +122,11 @@ def written_by(file_name: str, instant: str) -> bool:
         return False
 
 
-def clear(storage: Storage, paths: TablePaths, instant: str) -> None:
+def clear(storage: Storage, paths: TablePaths, instant: str, deleted: bool = False) -> None:
+    """Remove the instant's markers; `deleted`: they were (`own_markers`), only forget them."""
     directory = paths.markers(instant)
-    storage.remove_dir(directory)
+    if not deleted:
+        storage.remove_dir(directory)
     with _marking:  # not while a writer thread of another write adds to it
         _marked.difference_update({m for m in _marked if m[0] == directory})
+        _written.pop(directory, None)

@@ -170,10 +170,10 @@ def read_container(storage: Storage, path: str, metadata: bool = False) -> tuple
     return meta, records
 
 
-def write_log(storage: Storage, path: str, block: LogBlock) -> None:
-    """One Avro container: fastavro writes the header, the data block is laid out here. Measured: 4-8x faster
-    than fastavro's record writer for the 10^5-entry blocks a record-index commit writes (the entries are
-    already bytes: an entry is its key's and value's lengths and bytes)."""
+def write_log(storage: Storage, path: str, block: LogBlock) -> int:
+    """One Avro container, whose size it returns: fastavro writes the header, the data block is laid out here.
+    Measured: 4-8x faster than fastavro's record writer for the 10^5-entry blocks a record-index commit writes
+    (the entries are already bytes: an entry is its key's and value's lengths and bytes)."""
     meta = {"metatable.instant": block.instant, "metatable.block_kind": block.kind.value,
             "metatable.count": str(len(block.entries))}
     if block.target_instant:
@@ -190,7 +190,9 @@ def write_log(storage: Storage, path: str, block: LogBlock) -> None:
     if data_block:
         buf.write(data_block)
         buf.write(sync)
-    storage.write_atomic(path, buf.getvalue())
+    data = buf.getvalue()
+    storage.write_atomic(path, data)
+    return len(data)
 
 
 _SMALL = [bytes([n << 1]) for n in range(64)]  # Avro longs 0..63 are one byte
@@ -279,6 +281,11 @@ class LogCache:
             block = read_log(self.storage, path)
             self._blocks.put(key, block)
         return block
+
+    def has(self, path: str) -> bool:
+        """Whether the block at `path` is decoded here already (a read of it reads nothing)."""
+        with naming_damage(path, metadata=True):
+            return self._blocks.get((path, self.storage.content_version(path))) is not None
 
     def keep(self, path: str, block: LogBlock) -> None:
         """A block this process just wrote at `path`: the next snapshot (the services after a commit, the next

@@ -151,6 +151,11 @@ class SstCache:
         version = self.storage.content_version(path)
         return os.path.basename(path) + (f"-{version}" if version else "")
 
+    def has(self, path: str) -> bool:
+        """Whether opening the SST at `path` reads nothing from the table's storage: it is on a file system, or
+        downloaded here already."""
+        return self.storage.local or os.path.isdir(os.path.join(self.root, self.entry_name(path)))
+
     def reader(self, path: str) -> SstReader:
         try:
             name = self.entry_name(path)

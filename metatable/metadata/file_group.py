@@ -148,6 +148,12 @@ class MetadataFileGroup:
             self._log_keys = sorted(self._log_records)
         return self._log_records
 
+    def is_read(self) -> bool:
+        """Whether this process holds the slice's files already: its logs decoded, its base at hand."""
+        base = self.slice.base
+        return (base is None or self.sst_cache.has(os.path.join(self.directory, base.file_name))) \
+            and all(self.logs.has(os.path.join(self.directory, lf.file_name)) for lf in self.valid_logs())
+
     def base_reader(self) -> SstReader | None:
         if self.slice.base is None:
             return None

@@ -22,7 +22,7 @@ from metatable.metadata.file_group import SST_EXTENSION, MetadataFileGroup, Snap
 from metatable.metadata.records import RecordKind, kind_named
 from metatable.storage.base import Storage, read_json
 from metatable.storage.paths import TablePaths
-from metatable.timeline.held_reads import forget, read_held
+from metatable.timeline.held_reads import change_held, forget, read_held
 from metatable.timeline.lock import TableLock
 
 COMPACTION_TOKEN = "compacted"  # fixed, so a resumed compaction rewrites its base instead of leaving a twin
@@ -88,8 +88,34 @@ class MetadataLayout:
         """(partition, index, file id) of every file group."""
         return [(p, i, file_group_id(p, i)) for p, n in self.partitions.items() for i in range(n)]
 
-    def listing(self, partition: str) -> list[str]:
-        return self.storage.list(self.dir(partition))
+    def sizes(self, partition: str, fresh: bool = False) -> dict[str, int]:
+        """Name -> size of each file of a partition: one listing, kept while the lock says nothing changed
+        (`held_reads`; a write into the partition under the lock updates it, `wrote`). `fresh`: listed now.
+
+        Only lock holders make a file visible to readers: a log by the metadata deltacommit that names it, a
+        base by the compaction or indexing that completes it. A base written before the holding that completes
+        it is not in a listing kept from before: that holding forgets them (`forget_listings`), and so do the
+        rarer changes (rollbacks, cleans, removed partitions). What another process does takes the lock, which
+        ends what was kept. An upsert's commit listed the partitions it wrote, and the services after it
+        listed them again: on an object store 5 of the 52 requests of a 1,000-row upsert at SF 0.1."""
+        directory = self.dir(partition)
+        if fresh or self.lock is None:
+            forget(directory)
+            return self.storage.sizes(directory)
+        return read_held(self.lock, directory, lambda: self.storage.sizes(directory), copied=dict)
+
+    def listing(self, partition: str, fresh: bool = False) -> list[str]:
+        return sorted(self.sizes(partition, fresh))
+
+    def wrote(self, partition: str, name: str, size: int) -> None:
+        """This holder wrote a file into the partition."""
+        if self.lock is not None:
+            change_held(self.lock, self.dir(partition), lambda sizes: sizes.__setitem__(name, size))
+
+    def forget_listings(self, partitions: Iterable[str] | None = None) -> None:
+        """Files of these partitions (default: all) were written or deleted: the next listing lists them."""
+        for partition in self.partitions if partitions is None else partitions:
+            forget(self.dir(partition))
 
     def slice(self, partition: str, index: int, names: list[str], compacted: Callable[[str], bool]) -> FileSlice:
         return resolve_slice(partition, file_group_id(partition, index), names, compacted)

@@ -91,6 +91,13 @@ class MetadataUndo:
                                         "it can no longer be rolled back on its own")
 
     def undo(self, plan: Content, by: Instant) -> Content:
+        self.layout.forget_listings()  # rare: listed afresh, and forgotten after
+        try:
+            return self._undo(plan, by)
+        finally:
+            self.layout.forget_listings()
+
+    def _undo(self, plan: Content, by: Instant) -> Content:
         if not plan["committed"]:
             for path in plan["logs"]:
                 self.layout.storage.delete(self.layout.path(path))
@@ -129,7 +136,7 @@ def compaction_service(layout: MetadataLayout, transactions: Transactions, autho
         indexing = {file_id: i.time for i in instants if i.action is Action.INDEXING
                     for file_id in (authority or timeline).plan_if_present(i).get("file_groups", {})}
         groups: dict[str, Any] = {}
-        listings = {p: layout.storage.sizes(layout.dir(p)) for p in layout.partitions}
+        listings = {p: layout.sizes(p) for p in layout.partitions}
         for partition, index, file_id in layout.file_groups():
             sizes = listings[partition]
             fs = layout.slice(partition, index, sorted(sizes), snapshot.compacted)
@@ -173,7 +180,9 @@ def compaction_service(layout: MetadataLayout, transactions: Transactions, autho
                if e["partition"] in layout.partitions}  # else dropped since the plan (resumed after a crash)
         with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-mdt-compact") as pool:
             records = sum(pool.map(compact_group, due, due.values()))
-        transactions.commit(instant, content={"bases": written, "records": records})
+        with transactions.lock.held():  # the bases are visible from the commit on: listed again
+            layout.forget_listings({e["partition"] for e in due.values()})
+            transactions.commit(instant, content={"bases": written, "records": records})
         done.update(file_groups=tuple(plan["file_groups"]), records=records)
         return records
 
@@ -211,6 +220,7 @@ def execute_clean(layout: MetadataLayout, transactions: Transactions, instant: I
         layout.storage.delete(layout.path(path))
         if path.endswith("." + SST_EXTENSION):
             layout.sst_cache.forget(os.path.basename(path))
+    layout.forget_listings({os.path.dirname(path) for path in plan["delete"]})
     transactions.commit(instant, content=plan)
     return tuple(plan["delete"])
 

@@ -221,6 +221,7 @@ class MetadataTable:
             self.storage.delete(os.path.join(directory, name))
             if name.endswith("." + SST_EXTENSION):
                 self.layout.sst_cache.forget(name)
+        self.layout.forget_listings([partition])
 
     # -- reads --------------------------------------------------------------------------------------
     def kind(self, partition: str) -> RecordKind:
@@ -235,6 +236,13 @@ class MetadataTable:
             group = self._groups[(partition, index)] = self.layout.group(fs, self.snapshot)
         return group
 
+    def is_read(self, partition: str) -> bool:
+        """Whether a read of the partition would read no file this process has not read already (its logs are
+        decoded, its bases at hand): what a lookup then costs is the lookup alone. False for a partition this
+        table object does not have (yet)."""
+        return partition in self.partitions and all(self._group(partition, i).is_read()
+                                                    for i in range(self.partitions[partition]))
+
     def get(self, partition: str, key: str) -> Record | None:
         return self.get_many(partition, [key]).get(key)
 
@@ -245,7 +253,7 @@ class MetadataTable:
         try:
             return self._get_many(partition, keys)
         except MissingFileError:  # a compaction and clean elsewhere moved the table on, or removed a read
-            self._groups = {}      # cache: once more on what is there now (still missing: damage, raised)
+            self.reread()          # cache: once more on what is there now (still missing: damage, raised)
             self.refresh()
             return self._get_many(partition, keys)
 
@@ -261,7 +269,7 @@ class MetadataTable:
         try:
             return self._get_entries(partition, keys, self._group)
         except MissingFileError:  # as in `get_many`
-            self._groups = {}
+            self.reread()
             self.refresh()
             return self._get_entries(partition, keys, self._group)
 
@@ -292,15 +300,17 @@ class MetadataTable:
             return lambda keys: self.get_entries(partition, keys)
         self.refresh()
         snapshot = self.snapshot.with_base_of(base_of)
-        names = self.layout.listing(partition)
+        names = self.layout.listing(partition, fresh=True)
 
         def group(partition: str, index: int) -> MetadataFileGroup:
             return self.layout.group(self.layout.slice(partition, index, names, snapshot.compacted), snapshot)
         return lambda keys: self._get_entries(partition, keys, group)
 
     def reread(self) -> None:
-        """Read the files again on the next read: blocks were appended to instants this snapshot already had."""
+        """Read the files again on the next read, and list them again: blocks were appended to instants this
+        snapshot already had, or files were written that instants completing now make visible."""
         self._groups, self._listings = {}, {}
+        self.layout.forget_listings()
 
     def scan(self, partition: str, prefix: str = "") -> Scan:
         """(key, record) for every present key starting with `prefix`, in key order, streamed."""
@@ -369,7 +379,7 @@ class MetadataTable:
         for partition, lf, entries in planned:
             path = os.path.join(self.layout.dir(partition), lf.file_name)
             block = LogBlock(time, BlockKind.RECORDS, entries)
-            write_log(self.storage, path, block)
+            self.layout.wrote(partition, lf.file_name, write_log(self.storage, path, block))
             self.layout.log_cache.keep(path, block)
             crash_point("metadata.write.log")
 

@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from indexes.bloom import BloomFilter, BloomFilterSet
-from indexes.keys import bloom_filter_key, column_stats_key, record_index_keys
+from indexes.arrow_keys import record_index_key_array, record_index_key_arrays
+from indexes.keys import bloom_filter_key, column_stats_key
 from indexes.lookup import CandidateFile, Candidates, Filters, LevelReport, bloom_level, distinct, range_level
 
 from metatable.config import THREADS
@@ -126,24 +127,30 @@ class RecordIndex:
     def locate(self, keys: pa.Array, partitions: pa.Array | None,
                all_partitions: Sequence[str] = ()) -> tuple[pa.Array, pa.Array]:
         """(partition, file id) of every key, null where absent; `partitions`: each key's, or None to search
-        `all_partitions` (needed only where keys are prefixed by their partition)."""
+        `all_partitions` (needed only where keys are prefixed by their partition), the first that has it.
+        As columns: one multi-get, and only the distinct entries (a file slice's keys share one) decoded."""
         n = len(keys)
-        names = keys.to_pylist()  # the metadata table's keys are Python strings: a multi-get takes a list
         if self.unique or partitions is not None:
-            wanted = record_index_keys(partitions.to_pylist() if partitions is not None else [""] * n, names,
-                                       self.unique)
-            owners = list(range(n))
+            wanted = record_index_key_arrays(partitions, keys, self.unique)
+            owners = np.arange(n)
         else:
-            wanted = [k for p in all_partitions for k in record_index_keys([p] * n, names, False)]
-            owners = list(range(n)) * len(all_partitions)
-        found = self.metadata.get_many("record_index", wanted)
-        out_partition: list[str | None] = [None] * n
-        out_file: list[str | None] = [None] * n
-        for key, owner in zip(wanted, owners):
-            entry = found.get(key)
-            if entry is not None and out_file[owner] is None:
-                out_partition[owner], out_file[owner] = entry["partition_path"], entry["file_id"]
-        return pa.array(out_partition, pa.string()), pa.array(out_file, pa.string())
+            wanted = pa.concat_arrays([record_index_key_array(p, keys, False) for p in all_partitions]) \
+                if all_partitions else pa.array([], keys.type)
+            owners = np.tile(np.arange(n), len(all_partitions))
+        found = self.metadata.get_entries("record_index", pc.unique(wanted)) if len(wanted) else None
+        if found is None or not len(found):
+            return pa.nulls(n, pa.string()), pa.nulls(n, pa.string())
+        at = pc.index_in(wanted, value_set=found.keys.cast(wanted.type))
+        hits = np.flatnonzero(pc.is_valid(at).to_numpy(zero_copy_only=False))
+        located, first = np.unique(owners[hits], return_index=True)  # the first partition that has the key
+        entries = pc.dictionary_encode(found.values.take(at.take(pa.array(hits[first]))))
+        kind = self.metadata.kind("record_index")
+        records = [kind.decode(raw) for raw in entries.dictionary.to_pylist()]
+        slot = np.full(n, -1, dtype=np.int64)
+        slot[located] = entries.indices.to_numpy(zero_copy_only=False)
+        which = pa.array(slot, mask=slot < 0)
+        return tuple(pa.array([r[field] for r in records], pa.string()).take(which)
+                     for field in ("partition_path", "file_id"))
 
 
 @dataclass(frozen=True)

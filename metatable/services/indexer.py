@@ -178,6 +178,7 @@ def execute(context: TableContext, instant: Instant, plan: dict[str, Any], spark
         applied += apply_missed(context, instant, partitions, t, applied)
         caught_up = last_completed(context)
         crash_point("indexer.ready")
+        context.metadata.reread()  # the bases it built are visible from its commit on: listed again
         context.transactions.commit(instant, content={
             "partitions": partitions, "up_to": t, "caught_up_to": caught_up, "applied": applied, "records": counts,
             "seconds": round(time.monotonic() - started, 3)})

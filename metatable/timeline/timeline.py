@@ -237,13 +237,15 @@ class Timeline:
     def start(self, instant: Instant) -> Instant:
         return self.transition(instant, State.INFLIGHT)
 
-    def complete(self, instant: Instant, metadata: dict[str, Any] | None = None, beaten: bool = True) -> Instant:
+    def complete(self, instant: Instant, metadata: dict[str, Any] | None = None, beaten: bool = True,
+                 with_heartbeat: Sequence[str] = ()) -> Instant:
         """Complete the instant; its heartbeat goes (a roll-forward finished for a dead process leaves none),
-        unless its maker knows it never had one (`beaten=False`: an attached metadata deltacommit)."""
+        unless its maker knows it never had one (`beaten=False`: an attached metadata deltacommit), and with
+        it, in one request on an object store, the files `with_heartbeat` names (a write's markers)."""
         done = self.transition(instant, State.COMPLETED, metadata or {})
-        if beaten:
+        if beaten or with_heartbeat:
             with after_the_commit_point(f"deleting the heartbeat of {instant.action.value} {instant.time}"):
-                self._forget_beats(instant)
+                self.storage.delete_many([*([self._beat_path(instant)] if beaten else []), *with_heartbeat])
         return done
 
     def revert(self, instant: Instant) -> Instant:
@@ -348,8 +350,11 @@ class Timeline:
         return names
 
     # -- heartbeats -----------------------------------------------------------------------------
+    def _beat_path(self, instant: Instant) -> str:
+        return os.path.join(self.heartbeat_dir, instant.time)
+
     def _forget_beats(self, instant: Instant) -> None:
-        self.storage.delete(os.path.join(self.heartbeat_dir, instant.time))
+        self.storage.delete(self._beat_path(instant))
 
     def heartbeat(self, instant: Instant) -> Heartbeat:
         return Heartbeat(self.storage, self.heartbeat_dir, instant.time, self.heartbeat_interval_s)

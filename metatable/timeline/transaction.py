@@ -105,8 +105,9 @@ class Transactions:
         heartbeat.stop(remove=False)
 
     def commit(self, instant: Instant, publish: Callable[[], Content] | None = None,
-               content: Content | None = None) -> Instant:
-        """Under the lock: `publish()` (whose result is the commit metadata), then complete the instant."""
+               content: Content | None = None, with_heartbeat: Sequence[str] = ()) -> Instant:
+        """Under the lock: `publish()` (whose result is the commit metadata), then complete the instant.
+        `with_heartbeat`: files that go with its heartbeat once it completed (`Timeline.complete`)."""
         with self.lock.held():
             current = self.timeline.get(instant.time, instant.action)
             if current is None or current.state is not State.INFLIGHT:
@@ -121,7 +122,7 @@ class Transactions:
                 beating.stop(remove=False)  # (a beat after it was a leftover heartbeat fsck reported)
             beaten = current.time not in self._beatless  # else no heartbeat to delete: one request fewer
             self._beatless.discard(current.time)
-            return self.timeline.complete(current, metadata, beaten)
+            return self.timeline.complete(current, metadata, beaten, with_heartbeat)
 
     # -- services: claiming a pending plan -------------------------------------------------------------
     def claim(self, instant: Instant) -> Instant | None:

@@ -43,7 +43,7 @@ from metatable.write.conditional_merge import MergeClauses, decide, unique_keys
 from metatable.write.spark_write import conform_dataframe, partition_counts, run_spark
 from metatable.write.write_engine import run_local
 from metatable.write.write_input import WriteStream, as_input, conform
-from metatable.write.write_task import WriteTask
+from metatable.write.write_task import WriteTask, record_index_may_answer
 
 log = logging.getLogger(__name__)
 
@@ -199,17 +199,22 @@ class WriteClient:
                 log.info("%s of %s version %d skipped: commit %s applied it", operation, txn.app, txn.version, done)
                 return WriteResult(done, operation, seconds=time.monotonic() - started)
             instant, view = self.begin(operation)
+            # under the lock: the listings its reading takes are those the holding keeps (`MetadataLayout.sizes`)
+            warm_record_index = not on_spark and record_index_may_answer(view.config, operation, context.storage) \
+                and context.metadata.is_read("record_index")
         with transactions.running(instant):
             written, data, unwritten = rows_of(view)
             plan = view.index_plan(written.index) if written.index.type == "bucket" \
                 else self.bloom_plan(view, data, operation, instant.time)
             task = WriteTask(context.paths, context.storage, written, instant.time, operation, view.file_slices,
-                             view.log_base_instants(), plan)
+                             view.log_base_instants(), plan,
+                             warm_record_index and record_index_may_answer(written, operation, context.storage))
             if on_spark:
                 stats = run_spark(task, data)
             else:
                 stream = data if isinstance(data, pa.Table) else data.chunks(written.options["write.chunk_rows"])
-                stats = run_local(task, stream, context.storage.scratch(context.paths.spill(instant.time)))
+                stats = run_local(task, stream, context.storage.scratch(context.paths.spill(instant.time)),
+                                  context.metadata)
             rows = stats.to_pylist()
             crash_point("table.write.files")
             files, tally, absent = written_files(rows), counts(rows), absent_deletes(rows)
@@ -218,7 +223,8 @@ class WriteClient:
             evolves = not written.schema.equals(view.config.schema)
             commit(context, Commit(instant, Committer.of(self.action, written), files, view.completed_times,
                                    {"operation": operation, **tally, **({"txn": asdict(txn)} if txn else {})},
-                                   schema=written.schema if evolves else None, absent_deletes=absent))
+                                   schema=written.schema if evolves else None, absent_deletes=absent,
+                                   marked_here=not on_spark))
         result = WriteResult(instant.time, operation, files_written=len(files), seconds=time.monotonic() - started,
                              **tally)
         log.info("%s %s: %d inserted, %d updated, %d upserted, %d deleted, %d skipped, %d stale, %d files in %.2fs",

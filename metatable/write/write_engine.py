@@ -24,6 +24,7 @@ from metatable.config import THREADS
 from metatable.file_group.base_file import new_write_token
 from metatable.file_group.markers import mark_all
 from metatable.file_group.written import stats_table
+from metatable.metadata.table import MetadataTable
 from metatable.progress import progress
 from metatable.table_config import KEY_COLUMN
 from metatable.write.file_group_writer import write_file_group
@@ -125,9 +126,11 @@ def write_groups(task: WriteTask, groups: Iterable[Callable[[], pa.Table]], tota
     return stats_table(results)
 
 
-def tag_chunks(task: WriteTask, chunks: Iterable[pa.Table]) -> Iterator[pa.Table]:
-    """Each chunk with its tags (`with_tags`), by one tagger: a bloom tagger keeps what it fetched."""
-    tagger = Tagger(task)
+def tag_chunks(task: WriteTask, chunks: Iterable[pa.Table], metadata: MetadataTable | None = None
+               ) -> Iterator[pa.Table]:
+    """Each chunk with its tags (`with_tags`), by one tagger: a bloom tagger keeps what it fetched. `metadata`:
+    the write's own metadata table, where it runs in the write's process (`make_assigner`)."""
+    tagger = Tagger(task, metadata)
     inputs = tag_inputs(task.config)
     for chunk in chunks:
         keys, assignment = tagger(chunk.select(inputs))
@@ -135,18 +138,20 @@ def tag_chunks(task: WriteTask, chunks: Iterable[pa.Table]) -> Iterator[pa.Table
         yield with_tags(task, chunk, keys, assignment).combine_chunks()
 
 
-def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: str | None = None) -> pa.Table:
+def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: str | None = None,
+              metadata: MetadataTable | None = None) -> pa.Table:
     """The whole write in this process. `data` is conformed to the table: a Table, or a stream of chunks
     that are tagged one at a time and held by file group in memory up to `write.spill_bytes`; past that,
     they go to `spill_dir`, one file per file group, so that memory holds the budget, two chunks and the
-    file groups being written, not the input. Returns the files' statistics."""
+    file groups being written, not the input. `metadata`: the write's own metadata table, where this is the
+    write's process (`make_assigner`). Returns the files' statistics."""
     with bulk_memory():
         if isinstance(data, pa.Table):
-            rows = next(tag_chunks(task, [data]))
+            rows = next(tag_chunks(task, [data], metadata))
             groups = list(file_group_rows(rows))
             mark_all(task.storage, task.paths, task.instant, rows[PARTITION_COLUMN].unique().to_pylist())
             return write_groups(task, (partial(rows.take, group) for group in groups), len(groups))
-        return write_stream(task, tag_chunks(task, data), spill_dir)
+        return write_stream(task, tag_chunks(task, data, metadata), spill_dir)
 
 
 def write_stream(task: WriteTask, chunks: Iterable[pa.Table], spill_dir: str | None) -> pa.Table:

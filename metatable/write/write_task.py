@@ -33,6 +33,7 @@ class WriteTask:
     slices: Mapping[tuple[str, str], FileSlice] = field(default_factory=dict)
     log_base_instants: Mapping[tuple[str, str], str] = field(default_factory=dict)  # pending compactions
     index_plan: Any = None  # what the index pinned on the driver: BloomPlan, BucketLayout or RingPlan
+    asks_record_index: bool = False  # see `record_index_may_answer`
 
     def placed(self, file_ids: pa.Array) -> pa.Array:
         """The file groups of tagged rows. A delete's keys that the index found nowhere go to `ABSENT_GROUP`,
@@ -58,6 +59,23 @@ class WriteTask:
 
     @property
     def looks_up_keys(self) -> bool:
-        """Whether the index finds each key's file group by a lookup (bloom and record indexes): its rows
-        then carry PRESENT_COLUMN, and writers need not check their file groups again."""
-        return isinstance(self.index_plan, BloomPlan)
+        """Whether the index finds each key's file group by a lookup (bloom and record indexes), or a bucket
+        index's tagger asks the record index (`asks_record_index`): its rows then carry PRESENT_COLUMN, and
+        writers need not check their file groups again."""
+        return isinstance(self.index_plan, BloomPlan) or self.asks_record_index
+
+
+def record_index_may_answer(config: TableConfig, operation: str, storage: Storage) -> bool:
+    """Whether the tagger of a bucket index's merge-on-read write (not a bulk insert) into a table on an object
+    store may learn which keys exist from the ready record index, where the writers would read every touched
+    slice's keys: one multi-get instead of each base's key pages (two ranged reads) and each slice's logs. On an
+    object store a 1,000-row upsert at SF 0.1 read 12 ranges fewer (of its 46 requests). The write asks it
+    (`WriteTask.asks_record_index`) only where that reads nothing new: in the process that holds the record index
+    read already (in process, not Spark's executors). Cold, it would read the whole index: a 5% upsert at SF 0.1
+    took 0.45 s against 0.14 s, decoding the load's 600k entries. On a file system the slices' keys cost no
+    request and were read faster (SF 0.1: a 5% upsert 0.057-0.064 s against 0.073-0.095 s, 1,000 rows
+    0.036-0.039 against 0.041-0.052 s). Consistent hashing keeps reading the slices: a resize moves keys
+    between file groups."""
+    return (not storage.local and config.index.type == "bucket" and not config.index.consistent_hashing
+            and config.merge_on_read and "record_index" in config.metadata_indexes and operation != "bulk_insert"
+            and (operation != "upsert" or config.options["write.count_updates"]))

@@ -1,9 +1,12 @@
 """Pinned vectors for the contract hash and key definitions (computed with mmh3/base64 directly)."""
 import datetime as dt
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from indexes import keys
+from indexes.arrow_keys import record_index_key_arrays
 
 from metatable.errors import InvalidInputError
 
@@ -53,6 +56,10 @@ def test_record_index_key_vectors():
     prefix = keys.b64(keys.hash64("p=a"))
     assert keys.record_index_key("p=a", "7", False) == prefix + "7"
     assert len(prefix) == 12  # a fixed-length prefix: every key of a partition range-scans together
-    assert keys.record_index_keys(["p=a", "p=b"], ["1", "2"], False) == [prefix + "1",
-                                                                        keys.b64(keys.hash64("p=b")) + "2"]
-    assert keys.record_index_keys(["p=a"], ["1"], True) == ["1"]
+    two = pa.array(["1", "2", "3"])
+    assert record_index_key_arrays(pa.array(["p=a", "p=b", "p=a"]), two, False).to_pylist() == [
+        prefix + "1", keys.b64(keys.hash64("p=b")) + "2", prefix + "3"]
+    encoded = pc.dictionary_encode(pa.array(["p=b", "p=a", "p=b"]))
+    assert record_index_key_arrays(encoded, two, False).to_pylist() == [
+        keys.record_index_key(p, k, False) for p, k in zip(["p=b", "p=a", "p=b"], ["1", "2", "3"])]
+    assert record_index_key_arrays(None, two, True).to_pylist() == ["1", "2", "3"]

@@ -282,8 +282,9 @@ def test_an_upsert_marks_its_partitions_once_and_lists_the_timelines_only_after_
     process held it, and not again: its
     commit takes the free generation its begin's release made (nobody held the lock between them), and the
     services after the commit read at the free generation the commit's release made. The next upsert of this
-    process lists nothing; each sees the other process's commit. Only the data instant's heartbeat is
-    deleted."""
+    process lists nothing, not even the metadata partitions it writes, and reads no base file: the record
+    index it read already says which keys exist. Each sees the other process's commit. Only the data instant's
+    heartbeat is deleted."""
     root = f"s3://tests/requests-{time.time_ns()}"
     table = mt.Table.create(root, SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2),
                             metadata_indexes=["column_stats", "record_index"])
@@ -296,13 +297,17 @@ def test_an_upsert_marks_its_partitions_once_and_lists_the_timelines_only_after_
     rows = pa.concat_tables([rows, pa.table({"id": pa.array([100], pa.int64()), "p": ["a"], "v": ["z"],
                                              "ts": pa.array([2], pa.int64())})])
     calls: list[tuple[str, str]] = []
-    for name in ("write_atomic", "list", "read", "delete"):
+    for name in ("write_atomic", "list", "sizes", "read", "delete", "delete_many", "read_range", "read_ranges",
+                 "read_tail", "open_input"):
         original = getattr(ObjectStorage, name)
         monkeypatch.setattr(ObjectStorage, name, lambda self, path, *a, _o=original, _n=name, **k:
-                            calls.append((_n, path)) or _o(self, path, *a, **k))
+                            calls.append((_n, path)) or _o(self, path, *a, **k))  # delete_many: a list of paths
     # the data and the metadata timeline listed once, then none; table.json read before the write begins and
-    # once in the epoch, then only before it begins; the metadata properties once, then not
-    for listings, configs, properties in ((2, 2, 1), (0, 1, 0)):
+    # once in the epoch, then only before it begins; the metadata properties once, then not; metadata
+    # partitions (`record_index` in the begin, `files` for the file slices outside the lock and in the commit,
+    # `column_stats` for the metadata compaction's look), then none; the 4 base files' footers and keys (the
+    # other process's record-index log is not read yet), then none
+    for listings, configs, properties, partitions, bases in ((2, 2, 1, 4, 8), (0, 1, 0, 0, 0)):
         calls.clear()
         result = table.upsert(rows)
         assert result.updated == 41 and result.inserted == 0 and result.files_written == 4, result
@@ -312,8 +317,15 @@ def test_an_upsert_marks_its_partitions_once_and_lists_the_timelines_only_after_
         assert len(timelines) == listings, timelines
         reads = [os.path.basename(path) for kind, path in calls if kind == "read"]
         assert (reads.count("table.json"), reads.count("properties.json")) == (configs, properties), reads
-        beats = [path for kind, path in calls if kind == "delete" and "/heartbeats/" in path]
-        assert len(beats) == 1 and "/metadata/" not in beats[0], beats  # the metadata deltacommit never beat
+        assert len([path for kind, path in calls if kind == "sizes"]) == partitions, calls
+        base_reads = [path for kind, path in calls if kind.startswith(("read_", "open_")) and path.endswith(".parquet")]
+        assert len(base_reads) == bases, base_reads
+        # the data instant's heartbeat and the write's marker in one request, nothing listed to find them; the
+        # metadata deltacommit never beat
+        deletes = [path for kind, path in calls if kind.startswith("delete")]
+        assert len(deletes) == 1 and [os.path.basename(os.path.dirname(p)) for p in deletes[0]] == [
+            "heartbeats", os.path.basename(os.path.dirname(markers[0]))], deletes
+        assert not [path for kind, path in calls if kind == "list" and "/markers/" in path], calls
     assert {r["id"]: r["v"] for r in table.to_arrow().to_pylist()}[100] == "z"
 
 

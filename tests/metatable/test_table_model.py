@@ -23,12 +23,15 @@ from .table_model import SCHEMA, TableModel, check_counts, check_metadata, opera
     indirect=["lake"])  # on the RGW once: copy-on-write's files go through the same storage calls (21 s of the suite)
 @settings(max_examples=25)
 @given(ops=st.lists(operation_strategy, min_size=1, max_size=6), compact_at=st.integers(0, 6),
-       buckets=st.integers(1, 3), count_updates=st.booleans())
-def test_table_equals_model(lake, table_type, partitioned, ops, compact_at, buckets, count_updates):
+       buckets=st.integers(1, 3), count_updates=st.booleans(), record_index=st.booleans())
+def test_table_equals_model(lake, table_type, partitioned, ops, compact_at, buckets, count_updates, record_index):
+    """With the record index, a merge-on-read write on the RGW asks it which keys exist once this process has
+    read it (`record_index_may_answer`): the counts must be the same."""
     root = lake / uuid.uuid4().hex[:8] if lake.remote else tempfile.mkdtemp(prefix="mt-model-")
     try:
         table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p" if partitioned else None, "ts", table_type=table_type,
                                 index=mt.IndexConfig(num_buckets=buckets),
+                                metadata_indexes=["column_stats", *(["record_index"] if record_index else [])],
                                 options={"clean.retain_commits": 2, "write.count_updates": count_updates})
         model = TableModel(partitioned)
         for step, (operation, rows) in enumerate(ops):
