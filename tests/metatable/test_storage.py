@@ -329,6 +329,31 @@ def test_an_upsert_marks_its_partitions_once_and_lists_the_timelines_only_after_
     assert {r["id"]: r["v"] for r in table.to_arrow().to_pylist()}[100] == "z"
 
 
+def test_a_process_that_keeps_writing_through_metadata_compactions_writes_its_logs_into_their_slices(rgw):
+    """The metadata partitions' listings are kept for as long as this process's holdings follow each other
+    (`MetadataLayout.sizes`). A metadata compaction every other commit writes its bases before the holding that
+    completes it: a listing kept from before would put the next commit's logs into the slice the base replaced,
+    where a reader that lists afresh (another process) never looks. Each write inserts new keys: another
+    process must find every one through the record index and read every row."""
+    root = f"s3://tests/kept-listings-{time.time_ns()}"
+    table = mt.Table.create(root, SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2),
+                            metadata_indexes=["column_stats", "record_index"],
+                            options={"metadata.compact.max_delta_commits": 2})
+    for n in range(8):
+        ids = range(n * 10, n * 10 + 10)
+        table.upsert(pa.table({"id": pa.array(ids, pa.int64()), "p": ["a", "b"] * 5, "v": [f"w{n}"] * 10,
+                               "ts": pa.array([n] * 10, pa.int64())}))
+    compactions = [i for i in table.metadata.timeline.completed() if i.action.value == "compaction"]
+    assert len(compactions) >= 3, compactions
+    out = subprocess.run([sys.executable, "-c", "import sys, pyarrow as pa, metatable as mt; "
+                          "t = mt.Table.open(sys.argv[1]); "
+                          "found = t.lookup(pa.table({'id': pa.array(range(80), pa.int64()), 'p': ['a', 'b'] * 40})); "
+                          "print(80 - found['file_id'].null_count, t.to_arrow().num_rows)", root],
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["80", "80"], out
+    check_metadata(mt.Table.open(root))
+
+
 def test_a_read_that_takes_the_lock_is_quiet_no_more(rgw):
     """A quiet generation lasts only while nobody takes the lock: a holding inside a quiet read (this thread's
     own) ends it for the rest of the read, and for the reads around it."""
