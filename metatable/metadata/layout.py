@@ -97,7 +97,7 @@ class MetadataLayout:
         it is not in a listing kept from before: that holding forgets them (`forget_listings`), and so do the
         rarer changes (rollbacks, cleans, removed partitions). What another process does takes the lock, which
         ends what was kept. An upsert's commit listed the partitions it wrote, and the services after it
-        listed them again: on an object store 5 of the 52 requests of a 1,000-row upsert at SF 0.1."""
+        listed them again: on an object store 6 of the 52 requests of a 1,000-row upsert at SF 0.1."""
         directory = self.dir(partition)
         if fresh or self.lock is None:
             forget(directory)
