@@ -200,15 +200,14 @@ class WriteClient:
                 return WriteResult(done, operation, seconds=time.monotonic() - started)
             instant, view = self.begin(operation)
             # under the lock: the listings its reading takes are those the holding keeps (`MetadataLayout.sizes`)
-            warm_record_index = not on_spark and record_index_may_answer(view.config, operation, context.storage) \
+            asks_record_index = not on_spark and record_index_may_answer(view.config, operation, context.storage) \
                 and context.metadata.is_read("record_index")
         with transactions.running(instant):
             written, data, unwritten = rows_of(view)
             plan = view.index_plan(written.index) if written.index.type == "bucket" \
                 else self.bloom_plan(view, data, operation, instant.time)
             task = WriteTask(context.paths, context.storage, written, instant.time, operation, view.file_slices,
-                             view.log_base_instants(), plan,
-                             warm_record_index and record_index_may_answer(written, operation, context.storage))
+                             view.log_base_instants(), plan, asks_record_index)
             if on_spark:
                 stats = run_spark(task, data)
             else:
