@@ -21,7 +21,7 @@ from metatable.errors import (
     storage_errors)
 from metatable.file_group.file_slice import FileSlice
 from metatable.read import reads, secondary_lookup
-from metatable.read.changes import read_changes
+from metatable.read.changes import read_changes, written_since
 from metatable.read.key_lookup import get_rows, keys_table, live_rows, locate
 from metatable.read.locator import MetadataIndex
 from metatable.read.scan import Scan
@@ -350,14 +350,15 @@ class Table:
         """The full rows whose indexed values are among `values`, found through secondary index `index`: a scalar
         per value for a one-column index; for a composite one a tuple of values of its columns, or of its first
         columns (None matches null). Only the file slices that hold them are read. `as_of` as for `to_arrow`
-        (an earlier snapshot is read filtered by its partition values and column stats: the index holds where
-        records are now). With `explain`, returns (rows, report: the index used, its entries found, the file
-        slices read)."""
+        (as of an earlier snapshot, the index's keys and those of every record written since are read in it).
+        With `explain`, returns (rows, report: the index used, its entries found, the file slices read, and as
+        of an earlier snapshot the records written since)."""
         def read(view: TimelineView) -> tuple[pa.Table, dict[str, Any]]:
             return secondary_lookup.get_by(
                 view, index, values,
                 lambda keys, partitions: live_rows(self.context, self.metadata_index, keys, partitions, view),
-                functools.partial(reads.filtered, self.context, view))
+                functools.partial(reads.filtered, self.context, view),
+                functools.partial(written_since, self.context, view))
         rows, report = self.context.read_view(read, as_of)
         return (rows, report) if explain else rows
 

@@ -215,6 +215,20 @@ def written_records(context: TableContext, view: TimelineView, w: Window, filter
     return out.rename_columns({"live_max": "written", "gone_min": "deleted", "dropped_min": "dropped"})
 
 
+def written_since(context: TableContext, view: TimelineView) -> pa.Table | None:
+    """The records (key, partition: as `written_records`) that writes completed after the moment of `view`, a
+    view as of an earlier instant, wrote. With a secondary index of now they name every record that may have
+    had a value then: one no write touched since has the same value now (compaction, clustering and resizes
+    move rows, they do not change them). Read the index first: a write that completes in between is then in
+    one or the other. None when finding them means reading more files than the snapshot has file slices: a
+    filtered read of the snapshot costs less then."""
+    current = context.view()
+    w = window(current, view.as_of, current.latest)
+    if sum(len(meta.get("files", [])) for _, meta in w.writes) > len(view.file_slices):
+        return None
+    return written_records(context, current, w, [])
+
+
 def rewritten_keys(context: TableContext, view: TimelineView, partition: str, name: str,
                    names: Collection[str]) -> pa.Table:
     """The keys whose rows a base file changed against the previous base of its file group (among `names`,

@@ -1,10 +1,12 @@
 """Reads through a secondary index: `Table.get_by`, and the file slices an `==` / `in` filter needs.
 
 A lookup of values is a prefix scan of the index's forward entries (one per file group of its partition),
-which name each record's key and file group. Only a ready index answers, and only for the current snapshot:
-its entries hold where records are now (a read as of an earlier moment falls back to partition values and
-column stats). Every row a read returns is checked against the values asked for: an entry that disagreed
-with the data (which `fsck` reports) would cost a read, never a wrong row.
+which name each record's key and file group. Only a ready index answers. Its entries hold the values and
+places of now; `get_by` as of an earlier moment reads that snapshot's rows of the keys the index names now
+and of every record written since (`changes.written_since`): a record no write touched since has the same
+value now as then. A filter as of an earlier moment reads by partition values and column stats. Every row a
+read returns is checked against the values asked for: an entry that disagreed with the data (which `fsck`
+reports) would cost a read, never a wrong row.
 """
 from __future__ import annotations
 
@@ -126,23 +128,35 @@ def leading(columns: Sequence[str], equal: dict[str, list[Any]]) -> int:
     return next((i for i, c in enumerate(columns) if c not in equal), len(columns))
 
 
-def get_by(view: TimelineView, name: str, values: Sequence[Any], rows_of: Callable[[pa.Array, pa.Array], pa.Table],
-           scan: Callable[[Filter], pa.Table]) -> tuple[pa.Table, dict[str, Any]]:
-    """The rows whose indexed values are among `values` (see `query_tokens`), and how they were found: for the
-    current snapshot, the index's entries, then the rows of those keys (`rows_of(keys, partitions)`); as of an
-    earlier moment, a read of the snapshot filtered on the index's first column (`scan`). Every row is checked
-    against the values."""
+def get_by(view: TimelineView, name: str, values: Sequence[Any],
+           rows_of: Callable[[pa.Array, pa.Array | None], pa.Table], scan: Callable[[Filter], pa.Table],
+           written_since: Callable[[], pa.Table | None]) -> tuple[pa.Table, dict[str, Any]]:
+    """The rows whose indexed values are among `values` (see `query_tokens`), and how they were found: the
+    index's entries, then the rows of those keys (`rows_of(keys, partitions)`, in the view's snapshot); as of
+    an earlier moment, with the records written since (`written_since()`), or, where those cost more to find
+    than the snapshot's slices to read (None), a read of the snapshot filtered on the index's first column
+    (`scan`). Every row is checked against the values."""
     columns = usable(view, name)
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise InvalidInputError(f"get_by takes a list of values, got {values!r}")
     values = list(values)
     tokens = query_tokens(view.config, columns, values)
+    found = located(view, secondary_partition(name), tokens, len(columns))  # first: `changes.written_since`
     if view.is_current:
-        found = located(view, secondary_partition(name), tokens, len(columns))
         rows = rows_of(found["key"].combine_chunks(), found["partition"].combine_chunks())
         report = {"index": secondary_partition(name), "entries": found.num_rows,
                   "file_slices": len(set(zip(found["partition"].to_pylist(), found["file_id"].to_pylist())))}
-    else:  # the index holds where records are now: read the snapshot (a null matches no filter: no filter then)
+    elif (since := written_since()) is not None:
+        keys = pa.concat_tables([found.select(["key", "partition"]), since.select(["key", "partition"])
+                                 .cast(pa.schema([("key", pa.string()), ("partition", pa.string())]))])
+        if view.config.keys_unique_across_partitions:
+            rows = rows_of(pc.unique(keys["key"].combine_chunks()), None)
+        else:
+            keys = keys.group_by(["key", "partition"]).aggregate([])
+            rows = rows_of(keys["key"].combine_chunks(), keys["partition"].combine_chunks())
+        report = {"index": secondary_partition(name), "entries": found.num_rows, "written_since": since.num_rows,
+                  "file_slices": None}
+    else:  # a null matches no filter: no filter then
         firsts = [v[0] if isinstance(v, (tuple, list)) else v for v in values]
         rows = scan([] if None in firsts else [(columns[0], "in", firsts)])
         report = {"index": None, "entries": 0, "file_slices": None}

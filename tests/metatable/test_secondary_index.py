@@ -116,8 +116,9 @@ def test_queries_by_value_equal_the_model(tmp_path, table_type, index, operation
                 value = (g,) if h is ... else (g, h)
                 got, report = table.get_by("by_gh", [value], as_of=instant, explain=True)
                 assert tuples(got) == then.by(g=g, h=h), f"{value} as of {instant}"
-            if instant != snapshots[-1][0]:
-                assert "secondary_index" not in table.last_scan and report["index"] is None
+            if instant != snapshots[-1][0]:  # the index of now, with the records written since, or by stats
+                assert "secondary_index" not in table.last_scan
+                assert report["index"] is None or "written_since" in report, report
     report = table.fsck()
     assert report.healthy, report.problems
     maintained = entries(table, "secondary_index_by_gh")
@@ -131,6 +132,31 @@ def entries(table: mt.Table, partition: str) -> list[tuple]:
     table.metadata.refresh()
     return [(k, r["value"], r["ordering"], r["partition_path"], r["file_id"])
             for k, r in table.metadata.scan(partition)]
+
+
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+def test_a_query_as_of_an_earlier_instant_reads_through_the_index_of_now(tmp_path, table_type):
+    """As of an earlier write, `get_by` reads the rows the index names now and the records written since: a row
+    whose value changed, one deleted and one inserted since are found as they were; once the writes since name
+    more files than the snapshot has slices, it reads by stats."""
+    table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts", table_type=table_type,
+                            index=mt.IndexConfig(num_buckets=4), secondary_indexes={"by_g": "g"})
+    rows = [(i, "ab"[i % 2], i % 5, "x", 1) for i in range(40)]
+    then = table.upsert(pa.Table.from_pylist([dict(zip(SCHEMA.names, r)) for r in rows], schema=SCHEMA)).instant
+    table.upsert(pa.Table.from_pylist([{"id": 1, "p": "b", "g": 3, "h": "y", "ts": 2},  # g 1 -> 3
+                                       {"id": 40, "p": "a", "g": 1, "h": "y", "ts": 2}], schema=SCHEMA))  # new
+    table.delete(pa.table({"id": pa.array([6], pa.int64()), "p": ["a"]}))  # g 1, deleted
+    expected = sorted((r for r in rows if r[2] == 1), key=str)
+    got, report = table.get_by("by_g", [1], as_of=then, explain=True)
+    assert tuples(got) == expected and len(expected) == 8
+    assert report["index"] == "secondary_index_by_g" and report["written_since"] == 3, report
+    assert tuples(table.get_by("by_g", [1])) == sorted([r for r in expected if r[0] not in (1, 6)] +
+                                                       [(40, "a", 1, "y", 2)], key=str)
+    for n in range(8):  # writes since that name more files than the snapshot's 8 slices
+        table.upsert(pa.Table.from_pylist([{"id": 100 + n, "p": "ab"[n % 2], "g": 0, "h": "z", "ts": 3}],
+                                          schema=SCHEMA))
+    got, report = table.get_by("by_g", [1], as_of=then, explain=True)
+    assert tuples(got) == expected and report["index"] is None, report
 
 
 def test_key_encoding_vectors():
