@@ -92,11 +92,12 @@ def test_the_object_store_benchmark_runs_on_the_test_runs_rgw(rgw, workdir: Path
     shared = ["bulk_load", "open", "upsert", "upsert_1000", "delete", "get_1000", "filtered_read", "compaction",
               "clustering"]
     assert steps == {(s, step) for s in ("metatable", "delta") for step in shared} | {
-        ("metatable", "lookup_1000"), ("metatable", "upsert_1000_warm")}
+        ("metatable", "lookup_1000"), ("metatable", "upsert_1000_warm"), ("metatable", "upsert_1000_fresh_process")}
     assert all(line["total_requests"] > 0 for line in lines if "seconds" in line and line["step"] != "lookup_1000")
     assert {line["target"] for line in lines if "target" in line} == {
         "upsert >= 3x faster than delta-rs", "1,000-row upsert <= 30 requests (record index unread)",
         "1,000-row upsert <= 30 requests (record index read)",
+        "1,000-row upsert <= 30 requests (a new process, open included)",
         "warm lookup <= 1 request per metadata file group, no LIST"}
     by_step = {line["step"]: line for line in lines if line.get("system") == "metatable" and "seconds" in line}
     # the writer that has read its record index asks it, and reads no base file for the keys

@@ -3,7 +3,9 @@
 Under the table lock: the conflict check (`conflicts.check`), the files that must move into the file
 slice they land in (re-homed), then the metadata table's deltacommit at the same instant (the `files`,
 `column_stats` and `bloom_filter` records of every new file, plus what the action itself records), and
-finally the commit metadata that completes the instant. A consistent-hashing write settles its dual-write
+finally the commit metadata that completes the instant, with the metadata deltacommit's completion in the
+same fence of the lock (one request on an object store; a holder that dies after it has both rolled forward
+by the next). A consistent-hashing write settles its dual-write
 logs there (`dual_writes`) and records the initial ring of every partition it creates. A retried commit (a
 resumed service) first undoes what an earlier attempt left in the metadata table.
 """
@@ -43,7 +45,7 @@ from metatable.metadata.table import metadata_location
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
 from metatable.timeline.held_reads import read_held
 from metatable.timeline.instant import BOOTSTRAP_TIME, Action, Instant
-from metatable.timeline.transaction import Content
+from metatable.timeline.transaction import Content, Publication
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +78,10 @@ def commit(context: TableContext, c: Commit) -> Instant:
     return done
 
 
-def publish(context: TableContext, c: Commit) -> Content:
+def publish(context: TableContext, c: Commit) -> Publication:
     """Under the lock: check, record a schema change, roll back clusterings this write wins over, re-home,
-    write the metadata deltacommit; returns the commit metadata."""
+    write the metadata deltacommit; returns the commit metadata, and the metadata deltacommit's completion,
+    which the commit makes with the instant's in one fence."""
     time_ = c.instant.time
     location = read_held(context.timeline.lock, context.paths.metadata_roots,  # a rebuild swaps under the lock
                          lambda: metadata_location(context.storage, context.paths))
@@ -131,10 +134,11 @@ def publish(context: TableContext, c: Commit) -> Content:
     metadata.begin(time_)
     metadata.write(time_, {p: r for p, r in records.items() if p in metadata.partitions and p in kept_partitions})
     crash_point("table.commit.metadata")
-    metadata.complete(time_)
     touched = sorted({*touched, *(f.group for f in files)})  # re-homing may have moved rows into other groups
-    return {**c.metadata, "file_groups": touched, "files": [f.relative for f in files],
-            **({"dual_files": kept} if kept else {}), "indexes": sorted(maintained), "completed_at": completed}
+    return Publication({**c.metadata, "file_groups": touched, "files": [f.relative for f in files],
+                        **({"dual_files": kept} if kept else {}), "indexes": sorted(maintained),
+                        "completed_at": completed},
+                       along=[metadata.completion(time_)])
 
 
 def superseded_bases(view: TimelineView, files: Sequence[WrittenFile],

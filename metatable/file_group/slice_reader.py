@@ -14,7 +14,8 @@ from metatable.errors import CorruptFileError, naming_damage
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.record_merge import merge_versions
 from metatable.formats.data_log import read_data_log
-from metatable.formats.key_pages import ParquetFooter, footer_fields, key_pages, parquet_footer, worth_probing
+from metatable.formats.key_pages import (ParquetFooter, footer_fields, key_pages, parquet_footer, tail_of,
+                                         worth_probing)
 from metatable.formats.row_pages import read_rows, rows_of_keys
 from metatable.storage.base import Storage
 from metatable.storage.cache import SizedCache
@@ -106,7 +107,7 @@ def parquet_file(storage: Storage, path: str, footer: ParquetFooter | None = Non
     """A base file for pyarrow's reader, its footer and size known (`parquet_footer`): on an object store only
     the column chunks are requested, a row group's in one request (`pre_buffer`)."""
     footer = footer or parquet_footer(storage, path)
-    return pq.ParquetFile(storage.open_input(path, footer.size), metadata=footer.metadata,
+    return pq.ParquetFile(storage.open_input(path, footer.size, tail_of(storage, path)), metadata=footer.metadata,
                           page_checksum_verification=True, pre_buffer=not storage.local)
 
 
@@ -309,8 +310,14 @@ def fixed_width(strings: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def base_keys_present(storage: Storage, path: str, candidates: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, int]:
-    """Which candidates the base file holds, and the bytes read to tell: one key page per candidate when
-    the file has a key page index and the candidates are few next to its pages, else the key column."""
+    """Which candidates the base file holds, and the bytes read to tell: on an object store from its key
+    column where this process holds it already (a 1,000-row upsert after a large one probed 6 files' pages in
+    12 requests; on a file system probing a page is cheaper than matching a whole column), else one key page
+    per candidate when the file has a key page index and the candidates are few next to its pages, else from
+    the key column."""
+    held = None if storage.local else _KEY_COLUMNS.get((storage, path, content_version(storage, path)))
+    if held is not None:
+        return members(candidates, held[0]), 0
     if worth_probing(storage, path, pc.count_distinct(candidates).as_py()) and \
             (pages := key_pages(storage, path)) is not None:
         return pages.contains(candidates.to_pylist())

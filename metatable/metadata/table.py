@@ -49,8 +49,8 @@ from metatable.timeline.held_reads import forget
 from metatable.timeline.instant import Action, Instant, State
 from metatable.timeline.lifecycle import run_due
 from metatable.timeline.lock import table_lock
-from metatable.timeline.timeline import Timeline
-from metatable.timeline.transaction import Transactions
+from metatable.timeline.timeline import Completion, Timeline
+from metatable.timeline.transaction import Publication, Transactions
 
 log = logging.getLogger(__name__)
 
@@ -384,17 +384,33 @@ class MetadataTable:
             crash_point("metadata.write.log")
 
     def complete(self, time: str) -> None:
+        """Complete the deltacommit (a standalone table's; an attached one's completes with the data instant,
+        `completion`)."""
         with self.lock.held():
-            instant = self.timeline.get(time, Action.DELTACOMMIT)
-            if instant is not None and instant.state is State.REQUESTED:  # begun, nothing written
-                self.timeline.transition(instant, State.INFLIGHT, {"logs": []})
+            self._begun_empty(time)
 
-            def publish() -> dict[str, Any]:
-                content = self.timeline.read_json(self.timeline.get(time, Action.DELTACOMMIT))
-                crash_point("metadata.complete")
-                return {"logs": content.get("logs", [])}
+            def publish() -> Publication:
+                return Publication(self._commit_metadata(time))
 
             self.transactions.commit(Instant(time, Action.DELTACOMMIT, State.INFLIGHT), publish)
+
+    def completion(self, time: str) -> Completion:
+        """The deltacommit's completion, for the data instant at `time` to make with its own in one fence: what
+        a write records here is readable exactly when the write is."""
+        with self.lock.held():
+            self._begun_empty(time)
+            return self.transactions.completion(Instant(time, Action.DELTACOMMIT, State.INFLIGHT),
+                                                lambda: self._commit_metadata(time))
+
+    def _begun_empty(self, time: str) -> None:
+        instant = self.timeline.get(time, Action.DELTACOMMIT)
+        if instant is not None and instant.state is State.REQUESTED:  # begun, nothing written
+            self.timeline.transition(instant, State.INFLIGHT, {"logs": []})
+
+    def _commit_metadata(self, time: str) -> dict[str, Any]:
+        content = self.timeline.read_json(self.timeline.get(time, Action.DELTACOMMIT))
+        crash_point("metadata.complete")
+        return {"logs": content.get("logs", [])}
 
     def commit(self, records: Mapping[str, Mapping[str, Record | None]], time: str | None = None) -> str:
         """begin + write + complete (standalone), then compaction and clean when due."""

@@ -44,8 +44,9 @@ class Storage(Protocol):
     def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]: ...
     def read_tail(self, path: str, length: int) -> tuple[bytes, int]:
         """The last `length` bytes (all of a shorter file) and the file's size, in one request."""
-    def open_input(self, path: str, size: int | None = None) -> pa.NativeFile:
-        """A random-access file for pyarrow's readers (`size`, when known, saves a request)."""
+    def open_input(self, path: str, size: int | None = None, tail: bytes = b"") -> pa.NativeFile:
+        """A random-access file for pyarrow's readers (`size`, when known, saves a request; so do the file's last
+        bytes, `tail`, read already: reads within them on an object store)."""
     def arrow_filesystem(self) -> pafs.FileSystem:
         """The storage as a pyarrow file system, for pyarrow's datasets (read-only on an object store)."""
     def copy_to_local(self, path: str, local: str) -> None:

@@ -61,7 +61,7 @@ class LocalStorage:
             size = os.fstat(f.fileno()).st_size
             return os.pread(f.fileno(), min(length, size), max(size - length, 0)), size
 
-    def open_input(self, path: str, size: int | None = None) -> pa.NativeFile:
+    def open_input(self, path: str, size: int | None = None, tail: bytes = b"") -> pa.NativeFile:
         return pa.OSFile(path)
 
     def arrow_filesystem(self) -> pafs.FileSystem:

@@ -117,11 +117,11 @@ class ObjectFile(io.RawIOBase):
     """A read-only, seekable view of one object, each read one ranged GET (pyarrow's Parquet reader asks for
     the footer, then for the column chunks it needs, coalesced when `pre_buffer` is on)."""
 
-    def __init__(self, storage: ObjectStorage, path: str, size: int | None) -> None:
+    def __init__(self, storage: ObjectStorage, path: str, size: int | None, tail: bytes = b"") -> None:
         super().__init__()
         self.storage = storage
         self.path = path
-        self.tail = b""
+        self.tail = tail
         if size is None:  # the footer and the size in one request
             self.tail, size = storage.read_tail(path, TAIL_BYTES)
         self.length = size
@@ -336,8 +336,8 @@ class ObjectStorage:
         except BaseError as e:
             raise StorageError(f"GET {path} failed while reading: {first_line(e)}") from None
 
-    def open_input(self, path: str, size: int | None = None) -> pa.NativeFile:
-        return pa.PythonFile(ObjectFile(self, path, size), mode="r")
+    def open_input(self, path: str, size: int | None = None, tail: bytes = b"") -> pa.NativeFile:
+        return pa.PythonFile(ObjectFile(self, path, size, tail), mode="r")
 
     def arrow_filesystem(self) -> pafs.FileSystem:
         return read_only_filesystem(self)

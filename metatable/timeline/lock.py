@@ -9,16 +9,19 @@ Two kinds, by where the table lives:
   (JSON). The holder rewrites `<g>.beat` while it holds the lock; one whose generation and beat are older than
   `lock.lease_s`, judged by the store's own clock (`Storage.ages`), may be taken over by creating `<g+1>`.
 
-The fence: `fence(path, data)` is how a holder makes a decision (a completed instant) that a holder whose
+The fence: `fence(decisions)` is how a holder makes decisions (completed instants) that a holder whose
 lease was taken over must not make late. Under a `LeaseLock` it first creates the next generation carrying
-the decision; if another process took the lock meanwhile, that generation exists and the holder fails
+the decisions; if another process took the lock meanwhile, that generation exists and the holder fails
 (`LeaseLostError`) instead of committing on a stale conflict check (Hudi's storage-based lock has no such
-fence). Whoever takes the lock next finds a decision whose file is missing in the generation it takes over,
-and writes that file: a decided commit is rolled forward, never lost. Under a `FileLock` the OS guarantees
-the holder, and a fence is the create-if-absent write alone.
+fence). Whoever takes the lock next finds decisions whose files are missing in the generation it takes over,
+and writes those files, in order: a decided commit is rolled forward, never lost. One fence makes several
+decisions that go together (a write's metadata deltacommit and its own completion). Under a `FileLock` the OS
+guarantees the holder, and a fence is the create-if-absent writes alone.
 
-Requests on an object store, uncontended: taking the lock is one LIST and one create, releasing it one create,
-a fence one create; a beat every `lock.lease_s / 6` only while a section lasts that long.
+Requests on an object store, uncontended: taking the lock is one create when this process released it less than
+`TAKE_AFTER_RELEASE_S` ago (`_after_own_release`), else one LIST and one create; releasing it one create, a
+fence one create; a beat every `lock.lease_s / 6` only while a section lasts that long; one LIST and one
+delete to collect old generations every `COLLECT_EVERY` takings.
 
 Quiet reads: every change to what a reader sees (a completed instant, table.json, the metadata table's files)
 is made by a lock holder, and every taking of a `LeaseLock` creates a generation. So while the newest
@@ -49,7 +52,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Iterator, Protocol, Sequence
 
 from metatable.errors import LeaseLostError, LockTimeoutError, StorageAccessError, StorageError
 from metatable.storage.base import Storage
@@ -60,6 +63,7 @@ _local = threading.local()  # per thread: lock path -> depth of nested critical 
 _quiet = threading.local()  # per thread: lock path -> the free generation its reads are made at (`quiet`)
 _free: dict[str, int] = {}  # lock path -> the newest generation this process found free
 _released: dict[str, tuple[int, int]] = {}  # lock path -> (epoch, the free generation its release created)
+_released_at: dict[str, float] = {}  # lock path -> when (`_boot_clock`) that release was
 _tenures = itertools.count(1)
 _leases: dict[str, _Lease] = {}  # lock path -> this process's holding of a LeaseLock
 _mutexes: dict[str, threading.Lock] = {}  # lock path -> the threads of this process take turns here first
@@ -67,6 +71,23 @@ _registry = threading.Lock()
 GENERATION_DIGITS = 12
 KEEP_GENERATIONS = 16  # generations (and their beats) left behind when older ones are deleted
 COLLECT_EVERY = 32  # delete old generations when a generation number is a multiple of this
+COLLECT_AFTER_S = 600.0  # ... and only those this old (by the store's clock: `Storage.ages`): the lock directory
+# holds ten minutes of generations (two LIST pages for a table written every second: two takings a write)
+TAKE_AFTER_RELEASE_S = 60.0  # a taking this soon after this process's release creates the next generation unlisted
+
+
+def _boot_clock() -> float:
+    """Seconds on a clock that also counts the time the machine was suspended (a paused process sees the
+    time pass: `_after_own_release`)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A file the holder creates once (create-if-absent) as a decision: a completed instant's state file."""
+
+    path: str
+    data: bytes
 
 
 class TableLock(Protocol):
@@ -75,8 +96,9 @@ class TableLock(Protocol):
     def held(self, shared: bool = False) -> Iterator[None]:
         """The lock, for the body; re-entrant within a thread."""
 
-    def fence(self, path: str, data: bytes) -> bool:
-        """Create `path` with `data` (create-if-absent) as a decision of the holder; False when it existed."""
+    def fence(self, decisions: Sequence[Decision]) -> list[bool]:
+        """Create the decisions' files (create-if-absent), in order, as decisions of the holder; for each,
+        False when it existed."""
 
     def tenure(self) -> int | None:
         """A number for this thread's current holding of the lock (None when it does not hold it)."""
@@ -87,8 +109,10 @@ class TableLock(Protocol):
         its tenure). What a holder read stays valid through the epoch, kept up to date by its own changes, since
         only holders change the timeline. None when this thread does not hold the lock."""
 
-    def quiet(self) -> contextlib.AbstractContextManager[int | None]:
-        """For a read: the generation at which nothing has changed since (see the module docstring), or None."""
+    def quiet(self, stale_ok: bool = False) -> contextlib.AbstractContextManager[int | None]:
+        """For a read: the generation at which nothing has changed since (see the module docstring), or None.
+        `stale_ok`: for a look whose every decision is made again under the lock (the services' looks after a
+        commit), the generation this process's own release made, not asked of the store."""
 
     def unchanged(self, generation: int) -> bool:
         """Whether no process took the lock since `generation` (found free by `quiet`) was the newest."""
@@ -166,10 +190,10 @@ class FileLock:
     def epoch(self) -> int | None:
         return _epoch_of(self.path).get(self.path) if _depths().get(self.path) else None
 
-    def fence(self, path: str, data: bytes) -> bool:
-        return self.storage.create_exclusive(path, data)
+    def fence(self, decisions: Sequence[Decision]) -> list[bool]:
+        return [self.storage.create_exclusive(d.path, d.data) for d in decisions]
 
-    def quiet(self) -> contextlib.AbstractContextManager[int | None]:
+    def quiet(self, stale_ok: bool = False) -> contextlib.AbstractContextManager[int | None]:
         return contextlib.nullcontext(None)  # a listing of a local directory costs no request
 
     def unchanged(self, generation: int) -> bool:
@@ -253,15 +277,25 @@ class LeaseLock:
     def epoch(self) -> int | None:
         return _epoch_of(self.path).get(self.path) if _depths().get(self.path) else None
 
-    def quiet(self) -> contextlib.AbstractContextManager[int | None]:
+    def quiet(self, stale_ok: bool = False) -> contextlib.AbstractContextManager[int | None]:
         """Known from an earlier read: two HEADs (the generation exists, the next does not; old generations
         are deleted only once 16 newer ones exist, so an existing one has not been skipped over); else, or
         when it moved on, one LIST of the generations. Nested reads keep the outer one's; a holder's reads
-        have the holder's listings (`tenure`)."""
+        have the holder's listings (`tenure`).
+
+        `stale_ok` and this process's release made the newest generation it knows of: that one, without a
+        request. The two HEADs would show the lock unchanged at their moment, and another process may take it
+        the moment after them anyway: a look without the lock is a look at a moment that may have passed,
+        whatever it asked. What it reads is reused later only at this generation, by a read that found it
+        still the newest (then nothing changed since it was made), or by another such look. 2 of a small
+        write's requests on an object store."""
         if self.tenure() is not None:
             return contextlib.nullcontext(None)
-        outer = quiet_generation(self.path)
-        return _quiet_at(self.path, outer if outer is not None else self._quiet_generation())
+        generation = quiet_generation(self.path)
+        released = _released.get(self.path)
+        if generation is None and stale_ok and released is not None and _free.get(self.path) == released[1]:
+            generation = released[1]
+        return _quiet_at(self.path, generation if generation is not None else self._quiet_generation())
 
     def _quiet_generation(self) -> int | None:
         known = _free.get(self.path)
@@ -304,7 +338,7 @@ class LeaseLock:
             raise
         depth[self.path] = 1
         _tenure_of(self.path)[self.path] = tenure = next(_tenures)
-        released = _released.get(self.path)
+        released = _released.pop(self.path, None)  # set again by this holding's release, if it makes one
         epoch = _epoch_of(self.path)[self.path] = \
             released[0] if released is not None and released[1] == lease.generation - 1 else tenure
         # a holding moves the lock on: a read around it is not quiet any more, nor one it is nested in (`quiet`)
@@ -322,26 +356,33 @@ class LeaseLock:
                 if self._release(lease):
                     _free[self.path] = lease.generation + 1
                     _released[self.path] = (epoch, lease.generation + 1)
+                    _released_at[self.path] = _boot_clock()
             finally:
                 self._mutex.release()
 
-    def fence(self, path: str, data: bytes) -> bool:
+    def fence(self, decisions: Sequence[Decision]) -> list[bool]:
         lease = _leases.get(self.path)
         assert lease is not None and _depths().get(self.path), "a fence needs the lock held"
-        record = self._record(commit={"path": path, "data": base64.b64encode(data).decode()})
+        record = self._record(commits=[{"path": d.path, "data": base64.b64encode(d.data).decode()}
+                                       for d in decisions])
         if not self.storage.create_exclusive(self.generation_path(lease.generation + 1), record):
             raise LeaseLostError(
                 f"the table lock {self.path} was taken over by another process while this one held it (its lease "
-                f"of {self.lease_s}s ran out: the process was paused or cut off from the store), so {path} was not "
-                "written; nothing of the operation is visible, retry it")
+                f"of {self.lease_s}s ran out: the process was paused or cut off from the store), so "
+                f"{', '.join(d.path for d in decisions)} was not written; nothing of the operation is visible, "
+                "retry it")
         lease.generation += 1
-        return self.storage.create_exclusive(path, data)
+        return [self.storage.create_exclusive(d.path, d.data) for d in decisions]
 
     # -- taking, renewing and giving back ---------------------------------------------------------------
     def _record(self, **extra: object) -> bytes:
         return json.dumps({"owner": self.owner, "nonce": uuid.uuid4().hex, **extra}, sort_keys=True).encode()
 
     def _acquire(self) -> _Lease:
+        after_release = self._after_own_release()
+        if after_release is not None and self.storage.create_exclusive(self.generation_path(after_release),
+                                                                         self._record()):
+            return self._took(after_release)
         deadline = time.monotonic() + self.timeout_s
         delay = 0.005
         while True:
@@ -369,15 +410,29 @@ class LeaseLock:
                                 self.path, taken_from.get("owner"), age)
             if not self.storage.create_exclusive(self.generation_path(last + 1), self._record()):
                 continue  # another process took it first
-            lease = _Lease(last + 1)
-            _leases[self.path] = lease
-            if taken_from and "commit" in taken_from:
-                self._roll_forward(taken_from["commit"])
-            if lease.generation % COLLECT_EVERY == 0:
-                old = [n for n in files if n.split(".")[0].isdigit() and
-                       int(n.split(".")[0]) < last - KEEP_GENERATIONS]
-                self.storage.delete_many([os.path.join(self.path, n) for n in old])
-            return lease
+            if taken_from:
+                self._roll_forward(taken_from.get("commits", ()))
+            return self._took(last + 1)
+
+    def _after_own_release(self) -> int | None:
+        """The generation after the free one this process's release made, if that was less than
+        `TAKE_AFTER_RELEASE_S` ago: creating it takes the lock without listing the generations first. If it
+        can be created, nobody took the lock since that release. It cannot have been created and collected
+        since, which would let a second holder create it again: a generation is collected only once it is
+        `COLLECT_AFTER_S` old, by the store's clock, and this one would be younger than the time since the
+        release, by this machine's. Two durations, each by one clock: no two hosts' clocks compared."""
+        released, at = _released.get(self.path), _released_at.get(self.path)
+        if released is None or at is None or _boot_clock() - at > TAKE_AFTER_RELEASE_S:
+            return None
+        return released[1] + 1
+
+    def _took(self, generation: int) -> _Lease:
+        lease = _leases[self.path] = _Lease(generation)
+        if generation % COLLECT_EVERY == 0:
+            old = [n for n, age in self.storage.ages(self.path).items() if n.split(".")[0].isdigit() and
+                   int(n.split(".")[0]) < generation - 1 - KEEP_GENERATIONS and age > COLLECT_AFTER_S]
+            self.storage.delete_many([os.path.join(self.path, n) for n in old])
+        return lease
 
     def _age(self, generation: int) -> float:
         """Seconds since the holder of `generation` showed it was alive (created it, or renewed it)."""
@@ -385,10 +440,11 @@ class LeaseLock:
         name = f"{generation:0{GENERATION_DIGITS}d}"
         return min(ages.get(name, float("inf")), ages.get(f"{name}.beat", float("inf")))
 
-    def _roll_forward(self, commit: dict) -> None:
-        """A decision the previous holder fenced and then did not finish writing (it died, or was cut off)."""
-        if self.storage.create_exclusive(commit["path"], base64.b64decode(commit["data"])):
-            log.warning("rolled forward %s: its holder fenced it and stopped before writing it", commit["path"])
+    def _roll_forward(self, commits: Sequence[dict]) -> None:
+        """Decisions the previous holder fenced and then did not finish writing (it died, or was cut off)."""
+        for commit in commits:
+            if self.storage.create_exclusive(commit["path"], base64.b64decode(commit["data"])):
+                log.warning("rolled forward %s: its holder fenced it and stopped before writing it", commit["path"])
 
     def _renew(self, lease: _Lease) -> None:
         while not lease.stop.wait(self.lease_s / 6):

@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 import fastavro
@@ -25,7 +26,7 @@ from metatable.storage.paths import TablePaths
 from metatable.timeline.archive import Archive, ArchiveSummary, Carry, Content
 from metatable.timeline.heartbeat import Heartbeat, is_expired
 from metatable.timeline.instant import Action, Instant, State, next_time, time_from_datetime, validate_time
-from metatable.timeline.lock import TableLock, quiet_generation, released_as, table_lock
+from metatable.timeline.lock import Decision, TableLock, quiet_generation, released_as, table_lock
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,15 @@ _quiet_listings: dict[str, tuple[tuple[str, int], list[str]]] = {}  # timeline d
 # generation), its listing taken at that generation)
 _written: SizedCache[bytes] = SizedCache(1 << 20)  # an inflight or completed state file on an object store ->
 # what this process wrote to it: it is created once, and deleted (`_delete`) before it is made again
+
+
+@dataclass(frozen=True)
+class Completion:
+    """An instant's completion, prepared on its timeline (`Timeline.completion`) and made by a fence."""
+
+    timeline: Timeline
+    instant: Instant  # in its completed state
+    decision: Decision
 
 
 class Timeline:
@@ -237,12 +247,34 @@ class Timeline:
     def start(self, instant: Instant) -> Instant:
         return self.transition(instant, State.INFLIGHT)
 
+    def completion(self, instant: Instant, metadata: dict[str, Any] | None = None) -> Completion:
+        """The completion of `instant` (inflight), prepared but not made: `complete` makes it in the same fence
+        as its own (a data instant's completion makes its metadata deltacommit's, one request on an object
+        store). What the instant wrote is made durable here, before anything can commit it."""
+        current = self.get(instant.time, instant.action)
+        if current is None or current.state is not State.INFLIGHT:
+            raise TimelineError(f"cannot complete {current or instant} on {self.dir}: it is not inflight")
+        target = instant.to(State.COMPLETED)
+        self.storage.sync(self.dir)
+        return Completion(self, target, Decision(os.path.join(self.dir, target.file_name),
+                                                 self._encode(target, metadata or {})))
+
     def complete(self, instant: Instant, metadata: dict[str, Any] | None = None, beaten: bool = True,
-                 with_heartbeat: Sequence[str] = ()) -> Instant:
-        """Complete the instant; its heartbeat goes (a roll-forward finished for a dead process leaves none),
-        unless its maker knows it never had one (`beaten=False`: an attached metadata deltacommit), and with
-        it, in one request on an object store, the files `with_heartbeat` names (a write's markers)."""
-        done = self.transition(instant, State.COMPLETED, metadata or {})
+                 with_heartbeat: Sequence[str] = (), along: Sequence[Completion] = ()) -> Instant:
+        """Complete the instant, after the completions `along` (other timelines' instants that commit with it)
+        in the same fence (`TableLock.fence`); its heartbeat goes (a roll-forward finished for a dead process
+        leaves none), unless its maker knows it never had one (`beaten=False`: an attached metadata
+        deltacommit), and with it, in one request on an object store, the files `with_heartbeat` names (a
+        write's markers)."""
+        completions = [*along, self.completion(instant, metadata)]
+        made = self.lock.fence([c.decision for c in completions])
+        for completion, created in zip(completions, made):
+            if not created:
+                raise TimelineError(f"timeline file {completion.decision.path} exists already: another process "
+                                    f"completed {completion.instant.action.value} {completion.instant.time}; this "
+                                    "one stops without changing it")
+            completion.timeline.made(completion)
+        done = completions[-1].instant
         if beaten or with_heartbeat:
             with after_the_commit_point(f"deleting the heartbeat of {instant.action.value} {instant.time}"):
                 self.storage.delete_many([*([self._beat_path(instant)] if beaten else []), *with_heartbeat])
@@ -284,27 +316,36 @@ class Timeline:
                 self._delete(name)
 
     def _write(self, instant: Instant, content: dict[str, Any] | None) -> None:
-        """A state file, created once (create-if-absent: a second transition to the same state fails instead of
-        overwriting it). A completed state is the commit point: the lock fences it (`lock.LeaseLock`)."""
-        if content is None:
-            data = b""
-        elif instant.state is State.REQUESTED and instant.action in AVRO_PLANS:
-            out = io.BytesIO()
-            fastavro.writer(out, schema(AVRO_PLANS[instant.action]), [content])
-            data = out.getvalue()
-        else:
-            data = json.dumps(content, sort_keys=True).encode()
+        """A requested or inflight state file, created once (create-if-absent: a second transition to the same
+        state fails instead of overwriting it). A completed one is the commit point: `complete` makes it, fenced
+        by the lock (`lock.LeaseLock`)."""
+        assert not instant.is_completed, "an instant completes through complete(), which the lock fences"
         path = os.path.join(self.dir, instant.file_name)
-        if instant.is_completed:  # what the instant wrote is durable before it is committed
-            self.storage.sync(self.dir)
-        created = self.lock.fence(path, data) if instant.is_completed else self.storage.create_exclusive(path, data)
-        if not created:
+        data = self._encode(instant, content)
+        if not self.storage.create_exclusive(path, data):
             raise TimelineError(f"timeline file {path} exists already: another process made the same transition of "
                                 f"{instant.action.value} {instant.time}; this one stops without changing it")
+        self._made(instant, path, data)
+
+    def made(self, completion: Completion) -> None:
+        """`completion`'s state file exists now (`complete` made it, maybe on another timeline's fence)."""
+        self._made(completion.instant, completion.decision.path, completion.decision.data)
+
+    def _made(self, instant: Instant, path: str, data: bytes) -> None:
         self._listed(add=instant.file_name)
         if instant.state is not State.REQUESTED and not self.storage.local:  # read back by its commit (a metadata
             _written.put(path, data)  # deltacommit's logs) and by the services after it (`maintenance`); a local
             # file is cheap to read, and a damaged one must read as damaged
+
+    @staticmethod
+    def _encode(instant: Instant, content: dict[str, Any] | None) -> bytes:
+        if content is None:
+            return b""
+        if instant.state is State.REQUESTED and instant.action in AVRO_PLANS:
+            out = io.BytesIO()
+            fastavro.writer(out, schema(AVRO_PLANS[instant.action]), [content])
+            return out.getvalue()
+        return json.dumps(content, sort_keys=True).encode()
 
     def _delete(self, name: str) -> None:
         self.storage.delete(os.path.join(self.dir, name))

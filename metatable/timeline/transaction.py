@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterator, Mapping, Protocol, Sequence
 
 from metatable.errors import TimelineError
@@ -23,11 +24,20 @@ from metatable.faults import crash_point
 from metatable.timeline.heartbeat import Heartbeat
 from metatable.timeline.instant import Action, Instant, State
 from metatable.timeline.lock import TableLock
-from metatable.timeline.timeline import Timeline
+from metatable.timeline.timeline import Completion, Timeline
 
 log = logging.getLogger(__name__)
 
 Content = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What an instant's commit publishes: its commit metadata, and the completions of other timelines'
+    instants made with its own (`Timeline.complete`)."""
+
+    content: Content
+    along: Sequence[Completion] = ()
 
 
 class Undo(Protocol):
@@ -104,25 +114,40 @@ class Transactions:
             self._beating.pop(instant.time, None)
         heartbeat.stop(remove=False)
 
-    def commit(self, instant: Instant, publish: Callable[[], Content] | None = None,
+    def commit(self, instant: Instant, publish: Callable[[], Publication] | None = None,
                content: Content | None = None, with_heartbeat: Sequence[str] = ()) -> Instant:
-        """Under the lock: `publish()` (whose result is the commit metadata), then complete the instant.
-        `with_heartbeat`: files that go with its heartbeat once it completed (`Timeline.complete`)."""
+        """Under the lock: `publish()` (the commit metadata, and the completions that commit with it), then
+        complete the instant. `with_heartbeat`: files that go with its heartbeat once it completed
+        (`Timeline.complete`)."""
         with self.lock.held():
-            current = self.timeline.get(instant.time, instant.action)
-            if current is None or current.state is not State.INFLIGHT:
-                state = {None: "gone (rolled back by another process: its heartbeat had expired, or a write won over it)",
-                         State.REQUESTED: "back to requested (reset by another process: its heartbeat had expired)",
-                         State.COMPLETED: "already completed"}[current and current.state]
-                raise TimelineError(f"{instant.action.value} {instant.time} is {state}; it cannot commit")
-            metadata = publish() if publish is not None else (content or {})
+            current = self._committable(instant)
+            published = publish() if publish is not None else Publication(content or {})
             crash_point(f"{self.name}.commit")
             beating = self._beating.get(instant.time)
             if beating is not None:  # its last beat lands before the completion deletes the heartbeat, not after
                 beating.stop(remove=False)  # (a beat after it was a leftover heartbeat fsck reported)
             beaten = current.time not in self._beatless  # else no heartbeat to delete: one request fewer
             self._beatless.discard(current.time)
-            return self.timeline.complete(current, metadata, beaten, with_heartbeat)
+            return self.timeline.complete(current, published.content, beaten, with_heartbeat, published.along)
+
+    def completion(self, instant: Instant, publish: Callable[[], Content]) -> Completion:
+        """Under the lock: the completion of `instant`, which another timeline's commit makes with its own
+        (`Publication.along`): an attached metadata deltacommit, which has no heartbeat."""
+        with self.lock.held():
+            current = self._committable(instant)
+            assert current.time in self._beatless, "an instant with a heartbeat completes through commit()"
+            content = publish()
+            self._beatless.discard(current.time)
+            return self.timeline.completion(current, content)
+
+    def _committable(self, instant: Instant) -> Instant:
+        current = self.timeline.get(instant.time, instant.action)
+        if current is None or current.state is not State.INFLIGHT:
+            state = {None: "gone (rolled back by another process: its heartbeat had expired, or a write won over it)",
+                     State.REQUESTED: "back to requested (reset by another process: its heartbeat had expired)",
+                     State.COMPLETED: "already completed"}[current and current.state]
+            raise TimelineError(f"{instant.action.value} {instant.time} is {state}; it cannot commit")
+        return current
 
     # -- services: claiming a pending plan -------------------------------------------------------------
     def claim(self, instant: Instant) -> Instant | None:

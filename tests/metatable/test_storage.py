@@ -19,7 +19,7 @@ from devtools.s3_proxy import Faults, S3Proxy
 from metatable.errors import StorageError
 from metatable.storage.location import storage_for, table_root
 from metatable.storage.object_store import ObjectStorage, resolved_options, split_url
-from metatable.timeline.lock import LeaseLock, quiet_generation
+from metatable.timeline.lock import Decision, LeaseLock, quiet_generation
 
 from .table_model import SCHEMA, TableModel, check_metadata, sort_rows
 from .test_write_concurrency import act, finished
@@ -197,26 +197,28 @@ def wait_until_stopped(process: subprocess.Popen) -> None:
 
 
 def test_a_fenced_decision_whose_holder_died_is_rolled_forward_by_the_next(rgw):
-    """A holder that fenced a decision (its generation of the lock names the file) and died before writing the
-    file: whoever takes the lock next writes it."""
+    """A holder that fenced two decisions (its generation of the lock names the files: a metadata deltacommit's
+    completion and its write's) and died before writing them: whoever takes the lock next writes both."""
     storage = ObjectStorage("tests", rgw.storage_options)
     root = f"s3://tests/forward-{time.time_ns()}"
     original = storage.create_exclusive
 
     def dying(path: str, data: bytes) -> bool:
-        if path == f"{root}/decided":
+        if path == f"{root}/first":
             raise RuntimeError("killed between its fence and the decision")
+        if path == f"{root}/lock/000000000003":  # its release: a killed holder leaves its generation held
+            raise OSError("killed")
         return original(path, data)
 
     storage.create_exclusive = dying
     with pytest.raises(RuntimeError, match="killed"):
         with LeaseLock(storage, f"{root}/lock", 30, lease_s=1.0).held():
-            LeaseLock(storage, f"{root}/lock", 30, lease_s=1.0).fence(f"{root}/decided", b"yes")
+            LeaseLock(storage, f"{root}/lock", 30, lease_s=1.0).fence([Decision(f"{root}/first", b"one"),
+                                                                         Decision(f"{root}/decided", b"yes")])
     storage.create_exclusive = original
-    assert not storage.exists(f"{root}/decided")
-    storage.delete(f"{root}/lock/000000000003")  # its release: a killed holder leaves its generation held
+    assert not storage.exists(f"{root}/first") and not storage.exists(f"{root}/lock/000000000003")
     with LeaseLock(storage, f"{root}/lock", 30, lease_s=1.0).held():
-        assert storage.read(f"{root}/decided") == b"yes"
+        assert storage.read(f"{root}/first") == b"one" and storage.read(f"{root}/decided") == b"yes"
 
 
 @pytest.mark.parametrize("down_s", [1.0, 8.0])
@@ -282,17 +284,18 @@ def test_an_upsert_marks_its_partitions_once_and_lists_the_timelines_only_after_
     process held it, and not again: its
     commit takes the free generation its begin's release made (nobody held the lock between them), and the
     services after the commit read at the free generation the commit's release made. The next upsert of this
-    process lists nothing, not even the metadata partitions it writes, and reads no base file: the record
-    index it read already says which keys exist. Each sees the other process's commit. Only the data instant's
-    heartbeat is deleted."""
+    process lists nothing, not even the metadata partitions it writes, and reads no base file (the record
+    index it read says which keys exist, and it holds the keys it read). Each sees the other process's commit.
+    Only the data instant's heartbeat is deleted."""
     root = f"s3://tests/requests-{time.time_ns()}"
     table = mt.Table.create(root, SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2),
                             metadata_indexes=["column_stats", "record_index"])
     rows = pa.table({"id": pa.array(range(40), pa.int64()), "p": ["a", "b"] * 20, "v": ["x"] * 40,
                      "ts": pa.array([1] * 40, pa.int64())})
-    table.upsert(rows)
-    subprocess.run([sys.executable, "-c", "import sys, pyarrow as pa, metatable as mt; mt.Table.open(sys.argv[1])"
-                    ".upsert(pa.table({'id': pa.array([100], pa.int64()), 'p': ['a'], 'v': ['y'], "
+    subprocess.run([sys.executable, "-c", "import sys, pyarrow as pa, metatable as mt; t = mt.Table.open(sys.argv[1]); "
+                    "t.upsert(pa.table({'id': pa.array(range(40), pa.int64()), 'p': ['a', 'b'] * 20, 'v': ['x'] * 40, "
+                    "'ts': pa.array([1] * 40, pa.int64())})); "  # the bases, written (and their keys kept) elsewhere
+                    "t.upsert(pa.table({'id': pa.array([100], pa.int64()), 'p': ['a'], 'v': ['y'], "
                     "'ts': pa.array([1], pa.int64())}))", root], check=True, timeout=120)
     rows = pa.concat_tables([rows, pa.table({"id": pa.array([100], pa.int64()), "p": ["a"], "v": ["z"],
                                              "ts": pa.array([2], pa.int64())})])
@@ -305,11 +308,16 @@ def test_an_upsert_marks_its_partitions_once_and_lists_the_timelines_only_after_
     # the data and the metadata timeline listed once, then none; table.json read before the write begins and
     # once in the epoch, then only before it begins; the metadata properties once, then not; metadata
     # partitions (`record_index` in the begin, `files` for the file slices outside the lock and in the commit,
-    # `column_stats` for the metadata compaction's look), then none; the 4 base files' footers and keys (the
-    # other process's record-index log is not read yet), then none
-    for listings, configs, properties, partitions, bases in ((2, 2, 1, 4, 8), (0, 1, 0, 0, 0)):
+    # `column_stats` for the metadata compaction's look), then none; the 4 base files (another process wrote
+    # them) one request each, whose footer's read brings their small key columns along, then none
+    # the second takes the lock twice (its begin, its commit) by creating the generation after its own release,
+    # without a LIST; and the services' look after its commit asks nothing (no HEAD)
+    for listings, configs, properties, partitions, bases in ((2, 2, 1, 4, 4), (0, 1, 0, 0, 0)):
         calls.clear()
+        before = Counter(table.context.storage.requests)
         result = table.upsert(rows)
+        requested = Counter(table.context.storage.requests) - before
+        assert listings or (requested["LIST"], requested["HEAD"]) == (0, 0), requested
         assert result.updated == 41 and result.inserted == 0 and result.files_written == 4, result
         markers = [path for kind, path in calls if kind == "write_atomic" and "/.metatable/markers/" in path]
         assert len(markers) == 1, markers
@@ -318,7 +326,7 @@ def test_an_upsert_marks_its_partitions_once_and_lists_the_timelines_only_after_
         reads = [os.path.basename(path) for kind, path in calls if kind == "read"]
         assert (reads.count("table.json"), reads.count("properties.json")) == (configs, properties), reads
         assert len([path for kind, path in calls if kind == "sizes"]) == partitions, calls
-        base_reads = [path for kind, path in calls if kind.startswith(("read_", "open_")) and path.endswith(".parquet")]
+        base_reads = [path for kind, path in calls if kind.startswith("read_") and path.endswith(".parquet")]
         assert len(base_reads) == bases, base_reads
         # the data instant's heartbeat and the write's marker in one request, nothing listed to find them; the
         # metadata deltacommit never beat

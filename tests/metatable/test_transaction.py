@@ -44,10 +44,10 @@ def expire():
 def test_begin_and_commit(tx):
     instant = tx.begin(Action.COMMIT, {"operation": "upsert"})
     assert instant.state is State.INFLIGHT and tx.timeline.plan(instant) == {"operation": "upsert"}
-    done = tx.commit(instant, lambda: {"files": ["a"]})
+    done = tx.commit(instant, content={"files": ["a"]})
     assert done.is_completed and tx.timeline.read_json(done) == {"files": ["a"]}
     with pytest.raises(TimelineError, match="already completed"):
-        tx.commit(instant, lambda: {})
+        tx.commit(instant)
 
 
 def test_failure_inside_running_rolls_back(tx):
@@ -60,7 +60,7 @@ def test_failure_inside_running_rolls_back(tx):
     rollback = tx.timeline.completed([Action.ROLLBACK])[0]
     assert tx.timeline.read_json(rollback)["target"] == instant.time
     with pytest.raises(TimelineError, match="gone"):
-        tx.commit(instant, lambda: {})
+        tx.commit(instant)
 
 
 def test_recover_rolls_back_dead_writes_only(tx):
@@ -102,7 +102,7 @@ def test_a_scheduled_plan_is_claimed_once(tx):
     expire()
     tx.recover()  # its process died: back to requested; the late process may no longer commit it
     with pytest.raises(TimelineError, match="back to requested"):
-        tx.commit(instant.to(State.INFLIGHT), lambda: {})
+        tx.commit(instant.to(State.INFLIGHT))
 
 
 def service(tx, plans, executed, out_dir):
