@@ -145,10 +145,15 @@ def few_keys(storage: Storage, path: str, keys: pa.Array) -> bool:
 
 def candidate_slices(context: TableContext, index: MetadataIndex, keys: pa.Array, partitions: pa.Array | None,
                      view: TimelineView) -> dict[tuple[str, str], pa.Array]:
-    """(partition, file id) -> the keys to look for in that file slice."""
+    """(partition, file id) -> the keys to look for in that file slice. A bucket index computes them where the
+    keys come with their partitions; the record index, where ready, finds keys that come without (a key then
+    hashes to a bucket of every partition). Asking it for keys with their partitions only spared reading
+    slices for keys that do not exist, and cost reading it: SF 0.1 on the RGW, 1,000 keys, a new process,
+    `get` 0.58-0.69 s through the index (8 GETs of its files more), 0.26-0.37 s computed; on local files
+    0.28-0.42 s, 0.17-0.25 s."""
     config = view.config
     file_ids_of = computed_file_ids(context, view)
-    if file_ids_of is None or ("record_index" in config.metadata_indexes and view.is_current):
+    if file_ids_of is None or ("record_index" in config.metadata_indexes and view.is_current and partitions is None):
         if partitions is not None or config.keys_unique_across_partitions:
             located, _ = locate_keys(context, index, keys, partitions, False, view)
         else:  # a key may live in several partitions: look for it in each
