@@ -20,8 +20,8 @@ guarantees the holder, and a fence is the create-if-absent writes alone.
 
 Requests on an object store, uncontended: taking the lock is one create when this process released it less than
 `TAKE_AFTER_RELEASE_S` ago (`_after_own_release`), else one LIST and one create; releasing it one create, a
-fence one create; a beat every `lock.lease_s / 6` only while a section lasts that long; one LIST and one
-delete to collect old generations every `COLLECT_EVERY` takings.
+fence one create; a beat every `lock.lease_s / 6` only while a section lasts that long; every `COLLECT_EVERY`
+takings, the ages of the generations (`Storage.ages`: a PUT and a LIST) and one delete of the old ones.
 
 Quiet reads: every change to what a reader sees (a completed instant, table.json, the metadata table's files)
 is made by a lock holder, and every taking of a `LeaseLock` creates a generation. So while the newest
