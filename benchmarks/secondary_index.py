@@ -8,11 +8,15 @@ partitioned alike. Steps, each verified (every query's rows equal a filter of th
 - query_part: `get_by("by_part", [v])` for `--queries` values of l_partkey (about 30 rows each at SF 1), in a
   fresh process (opening the table included) and then warm in the same process; query_supp_date: the same for
   (l_suppkey, l_shipdate) pairs;
-- the same queries as filters without an index: metatable's `to_arrow(filter=...)` on the table without the
-  indexes, and delta-rs's filtered read (`to_pyarrow_dataset().to_table(filter=...)`), on `--scan-queries` of
-  the values (a scan costs the same whatever the value);
+- the same queries as filters: metatable's `to_arrow(filter=...)` on the indexed table (`metatable-filter`:
+  through the index), and without an index on the table without the indexes, and delta-rs's filtered read
+  (`to_pyarrow_dataset().to_table(filter=...)`), on `--scan-queries` of the values (a scan costs the same
+  whatever the value);
 - bytes read by this process for each (`rchar` of /proc/self/io: page-cache hits included);
-- upsert: the 5% batch of `peers.py` into the table with `by_part`, and into a copy without it.
+- upsert: the 5% batch of `peers.py` into the table with `by_part`, and into a copy without it;
+- query_part_as_of_N_since: after N (100, then 1,000) of the batch's rows changed again in both,
+  `to_arrow(as_of=the 5% upsert, filter=...)` on `--scan-queries` values, through the index of now and the
+  records written since, and by stats on the table without it (the same rows, checked).
 
 One JSON line per measurement, then `ratio` and `target` lines (the issue's targets).
 
@@ -29,6 +33,7 @@ import sys
 import time
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
@@ -159,6 +164,33 @@ def build_in_a_fresh_process(root: str) -> None:
     check(done.returncode == 0, f"build: {done.stderr[-2000:]}")
 
 
+def query_as_of(plain: str, indexed: str, upserted: dict[str, str], batch: pa.Table, parts: pa.Array) -> None:
+    """`to_arrow(as_of=, filter=)` as of each table's upsert, after 100 and then 1,000 of its rows changed again:
+    through the index on `indexed`, by stats on `plain`; the same rows from both."""
+    order = [(k, "ascending") for k in KEY]
+    for changed in (100, 1000):
+        again = batch.slice(0, changed)
+        again = again.set_column(again.schema.get_field_index("l_comment"), "l_comment",
+                                 pa.array([f"again {changed}"] * changed, again.schema.field("l_comment").type))
+        step = f"query_part_as_of_{changed}_since"
+        found = {}
+        for system, root in (("metatable-scan", plain), ("metatable", indexed)):
+            table = mt.Table.open(root)
+            table.upsert(again)
+            started = time.perf_counter()
+            found[system] = [table.to_arrow(as_of=upserted[root], filter=[("l_partkey", "==", v)])
+                             for v in parts.to_pylist()]
+            seconds = time.perf_counter() - started
+            RESULTS[(system, step)] = {"per_query": seconds / len(parts)}
+            emit(system=system, step=step, queries=len(parts), rows=sum(t.num_rows for t in found[system]),
+                 per_query_ms=round(1000 * seconds / len(parts), 2),
+                 secondary_index=table.last_scan.get("secondary_index"))
+        for scanned, through_index in zip(found["metatable-scan"], found["metatable"]):
+            check(scanned.sort_by(order).equals(through_index.sort_by(order)), f"{step}: index and scan differ")
+        scan, mine = (RESULTS[(system, step)]["per_query"] for system in ("metatable-scan", "metatable"))
+        emit(ratio=step, against="metatable-scan", speedup=round(scan / mine, 1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale-factor", type=float, default=1.0)
@@ -192,6 +224,7 @@ def main() -> None:
     steps = {"by_part": "query_part", "by_supp_date": "query_supp_date"}
     for index, step in steps.items():
         run_queries("metatable", indexed, values[index], index, args.workdir, source, step)
+        run_queries("metatable-filter", indexed, values[index], "scan", args.workdir, source, step)
         run_queries("metatable-scan", plain, values[index], "scan", args.workdir, source, step, args.scan_queries)
         run_queries("delta", delta, values[index], "scan", args.workdir, source, step, args.scan_queries)
 
@@ -202,23 +235,28 @@ def main() -> None:
     table = mt.Table.open(only_part)
     table.schedule_indexing(secondary={"by_part": ["l_partkey"]})
     table.run_indexing()
+    upserted = {}
     for system, root in (("metatable", plain), ("metatable-by_part", only_part)):
         result = measure(system, "upsert", lambda root=root: mt.Table.open(root).upsert(batch))
         check(result.inserted + result.updated == batch.num_rows, f"{system} upsert counts")
+        upserted[root] = result.instant
     updated = batch.slice(0, 20)  # the batch's rows are found by their parts, and no other version is
     got = mt.Table.open(only_part).get_by("by_part", updated["l_partkey"].to_pylist())
     want = pc.sum(pc.is_in(pq.read_table(source, columns=["l_partkey"])["l_partkey"], updated["l_partkey"])).as_py()
     parts = pc.is_in(batch["l_partkey"], updated["l_partkey"])
     new = pc.sum(pc.and_(parts, pc.equal(batch["l_comment"], "new"))).as_py()
     check(got.num_rows == want + new, f"get_by after the upsert: {got.num_rows} rows, expected {want + new}")
+    query_as_of(plain, only_part, upserted, batch, pq.read_table(values["by_part"])["l_partkey"][:args.scan_queries])
 
     for step in steps.values():
         for run in ("fresh", "warm"):
-            mine = RESULTS[("metatable", f"{step}_{run}")]
-            for peer in ("metatable-scan", "delta"):
-                theirs = RESULTS[(peer, f"{step}_{run}")]
-                emit(ratio=f"{step}_{run}", against=peer, speedup=round(theirs["per_query"] / mine["per_query"], 1),
-                     bytes_fewer=round(1 - mine["bytes"] / max(theirs["bytes"], 1), 4))
+            for system in ("metatable", "metatable-filter"):  # get_by, and to_arrow(filter=) through the index
+                mine = RESULTS[(system, f"{step}_{run}")]
+                for peer in ("metatable-scan", "delta"):
+                    theirs = RESULTS[(peer, f"{step}_{run}")]
+                    emit(ratio=f"{step}_{run}", system=system, against=peer,
+                         speedup=round(theirs["per_query"] / mine["per_query"], 1),
+                         bytes_fewer=round(1 - mine["bytes"] / max(theirs["bytes"], 1), 4))
     cost = RESULTS[("metatable-by_part", "upsert")]["seconds"] / RESULTS[("metatable", "upsert")]["seconds"]
     emit(ratio="upsert_with_by_part", cost=round(cost, 2))
     for step in steps.values():

@@ -51,6 +51,7 @@ from metatable.file_group.slice_reader import read_slice
 from metatable.read import reads
 from metatable.read.changes import (CHANGE_COLUMNS, CHANGE_TYPE, INSERT, POSTIMAGE, as_inserts, change_units,
                                    read_changes, settled_end, window)
+from metatable.read.key_lookup import slice_rows
 from metatable.read.scan_filter import Conjunct, row_mask
 from metatable.spark.executors import ship_packages
 from metatable.spark.session import spark_session as local_session, to_spark_schema
@@ -183,6 +184,7 @@ def create_from_options(path: str, storage: Storage, schema: pa.Schema, options:
 @dataclass(frozen=True)
 class SlicePartition(InputPartition):
     file_slice: FileSlice | None  # None: an empty read still has one partition
+    keys: tuple[str, ...] | None = None  # the records a secondary index named in it: only their rows are read
 
 
 class SnapshotReader(DataSourceReader):
@@ -205,16 +207,23 @@ class SnapshotReader(DataSourceReader):
 
     def partitions(self) -> list[SlicePartition]:
         table = Table.open(self.path, storage=self.storage)
-        plan = reads.scan_plan(table.context, self.as_of, self.filters)
+        plan = reads.scan_plan(table.context, table.metadata_index, self.as_of, self.filters, self.read_optimized)
         log.info("metatable source: %d file slices read (%s)", len(plan.slices), plan.report)
-        return [SlicePartition(fs) for fs in plan.slices] or [SlicePartition(None)]
+        keys = plan.keys or {}
+        return [SlicePartition(fs, tuple(keys[fs.partition, fs.file_id].to_pylist()) if keys else None)
+                for fs in plan.slices] or [SlicePartition(None)]
 
     def read(self, partition: SlicePartition) -> Iterator[pa.RecordBatch]:
         if partition.file_slice is None:
             return
         table = Table.open(self.path, storage=self.storage)
         # the config's widest schema holds every column of the snapshot's: it is read into, then projected and cast
-        rows = read_slice(table.storage, table.context.paths, table.config, partition.file_slice, self.read_optimized)
+        if partition.keys is None:
+            rows = read_slice(table.storage, table.context.paths, table.config, partition.file_slice,
+                              self.read_optimized)
+        else:
+            wanted = [(partition.file_slice, pa.array(partition.keys, pa.string()))]
+            rows = slice_rows(table.context, table.config, wanted, self.read_optimized)[0]
         rows = rows.select(self.schema.names).cast(self.schema)
         if self.filters:
             rows = rows.filter(row_mask(rows, [self.filters]))  # the pushed conjuncts, ANDed

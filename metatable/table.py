@@ -288,7 +288,7 @@ class Table:
         of the latest completed write at or before a moment: an instant time, an ISO-8601 time ("2026-11-26",
         "2026-11-26T10:00:00+01:00"; without an offset: UTC) or a `datetime` (naive: UTC). A moment before the
         first commit, or whose files a clean removed, is a SnapshotExpiredError naming the readable times."""
-        return reads.to_arrow(self.context, self._plan(as_of, filter), read_optimized, columns)
+        return reads.to_arrow(self.context, self._plan(as_of, filter, read_optimized), read_optimized, columns)
 
     def to_batches(self, columns: Sequence[str] | None = None, filter: Any = None, as_of: Moment | None = None,
                    read_optimized: bool = False) -> pa.RecordBatchReader:
@@ -304,12 +304,13 @@ class Table:
         (`duckdb.sql("select ... from s")`), Polars as a LazyFrame whose projection and limit reach the read
         (`s.to_polars()`), pyarrow through `__arrow_c_stream__`. `columns`, `filter` as for `to_arrow`; the file
         slices are fixed when this is called."""
-        return Scan(self.context, self._plan(as_of, filter), columns, read_optimized)
+        return Scan(self.context, self._plan(as_of, filter, read_optimized), columns, read_optimized)
 
     def read(self, as_of: Moment | None = None, read_optimized: bool = False, spark: Any = None,
              filter: Any = None, columns: Sequence[str] | None = None) -> Any:
         """The snapshot as a Spark DataFrame (base files merged with their logs, unless `read_optimized`)."""
-        return reads.to_dataframe(self.context, self._plan(as_of, filter), read_optimized, spark, columns)
+        return reads.to_dataframe(self.context, self._plan(as_of, filter, read_optimized), read_optimized, spark,
+                                  columns)
 
     def changes(self, start: Moment, end: Moment | None = None, columns: Sequence[str] | None = None,
                 filter: Any = None) -> pa.Table:
@@ -322,8 +323,8 @@ class Table:
         SnapshotExpiredError that names the earliest."""
         return read_changes(self.context, self.metadata_index, start, end, columns, filter)
 
-    def _plan(self, as_of: Moment | None, filter: Any) -> reads.ScanPlan:
-        plan = reads.scan_plan(self.context, as_of, filter)
+    def _plan(self, as_of: Moment | None, filter: Any, read_optimized: bool = False) -> reads.ScanPlan:
+        plan = reads.scan_plan(self.context, self.metadata_index, as_of, filter, read_optimized)
         self.last_scan = plan.report
         return plan
 
@@ -356,7 +357,8 @@ class Table:
         def read(view: TimelineView) -> tuple[pa.Table, dict[str, Any]]:
             return secondary_lookup.get_by(
                 view, index, values,
-                lambda keys, partitions: live_rows(self.context, self.metadata_index, keys, partitions, view),
+                lambda keys, partitions, columns=None: live_rows(self.context, self.metadata_index, keys, partitions,
+                                                                 view, columns),
                 functools.partial(reads.filtered, self.context, view),
                 functools.partial(written_since, self.context, view))
         rows, report = self.context.read_view(read, as_of)

@@ -6,7 +6,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -217,6 +217,13 @@ class TableConfig:
 
     def with_schema(self, schema: pa.Schema) -> TableConfig:
         return self if schema.equals(self.schema) else replace(self, schema=schema)
+
+    def reading(self, columns: Iterable[str]) -> TableConfig:
+        """This config with only `columns` and those every read of rows needs (the record key's, the partition
+        and the ordering columns), in table order: a read through it decodes no other column."""
+        ordering = [self.ordering_field] if self.ordering_field else []
+        needed = {*columns, *self.record_key, *self.partition_by, *ordering}
+        return self.with_schema(pa.schema([f for f in self.schema if f.name in needed]))
 
     @property
     def added_columns(self) -> frozenset[str]:

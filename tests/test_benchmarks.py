@@ -28,6 +28,7 @@ BENCHMARKS = [
     ("indexer.py", ["--scale-factor", SF, "--rounds", "1"]),
     ("upsert.py", ["--scale-factor", SF, "--buckets", "2", "--only", "metatable,delta", "--indexes", "bucket"]),
     ("changes.py", ["--scale-factors", SF]),
+    ("secondary_index.py", ["--scale-factor", SF, "--queries", "5", "--scan-queries", "2", "--buckets", "1"]),
     ("long_life.py", ["--commits", "120", "--every", "60", "--rows", "2000"]),  # archives: 60 instants by default
     ("long_life.py", ["--stream-seconds", "8", "--every-seconds", "4", "--rows", "2000"]),
     ("workload.py", ["--rows", "20000", "--days", "6", "--batches", "2", "--updates", "500", "--inserts", "200",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -19,9 +19,10 @@ import pyarrow.compute as pc
 from indexes.arrow_keys import pair_groups, partition_paths, record_keys
 
 from metatable.commit.context import TableContext
-from metatable.commit.timeline_view import TimelineView
+from metatable.commit.timeline_view import FileGroup, TimelineView
 from metatable.config import THREADS
 from metatable.errors import InvalidInputError
+from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.record_merge import merge_versions
 from metatable.file_group.slice_reader import base_path, log_tables, read_slice
 from metatable.formats.key_pages import key_pages, worth_probing
@@ -29,6 +30,8 @@ from metatable.formats.row_pages import read_rows, rows_of_keys
 from metatable.read.locator import Explain, FileIdsOf, MetadataIndex, RecordIndex, SliceLocator
 from metatable.storage.base import Storage
 from metatable.table_config import KEY_COLUMN, TableConfig
+
+KeysBySlice = dict[FileGroup, pa.Array]  # the record keys to look for in each file group's slice
 
 
 def keys_table(data: Any) -> pa.Table:
@@ -97,17 +100,27 @@ def get_rows(context: TableContext, index: MetadataIndex, data: pa.Table, view: 
 
 
 def live_rows(context: TableContext, index: MetadataIndex, keys: pa.Array, partitions: pa.Array | None,
-              view: TimelineView) -> pa.Table:
+              view: TimelineView, columns: Iterable[str] | None = None) -> pa.Table:
     """The rows of the record keys that exist (each in its partition path, or in any without `partitions`), in
-    the view's storage schema, from the file slices that may hold them. A bucket index computes those slices
-    (reading is itself the check); other indexes locate the keys first. From a base file, when the keys are
-    few next to its key pages, only a key page per key is read, then only the pages of the other columns that
-    hold their rows (`row_pages`); the slice's logs are merged on top. Measured at SF 1, 1,000 keys, a fresh
-    process: 2.96 s reading whole slices, 1.46 s so."""
-    config = view.config
-    storage_schema = config.storage_schema
+    the view's storage schema (of `columns` and those every read needs: `TableConfig.reading`), from the file
+    slices that may hold them (`slice_rows`). A bucket index computes those slices (reading is itself the
+    check); other indexes locate the keys first. Measured at SF 1, 1,000 keys, a fresh process: 2.96 s reading
+    whole slices, 1.46 s so."""
+    config = view.config if columns is None else view.config.reading(columns)
     slices = [(view.file_slices[group], keys)
               for group, keys in candidate_slices(context, index, keys, partitions, view).items()]
+    parts = slice_rows(context, config, slices)
+    return pa.concat_tables(parts) if parts else config.storage_schema.empty_table()
+
+
+def slice_rows(context: TableContext, config: TableConfig, slices: Sequence[tuple[FileSlice, pa.Array]],
+               read_optimized: bool = False) -> list[pa.Table]:
+    """For each (file slice, record keys): the live rows of those keys in the slice, in `config`'s storage
+    schema (its columns only: a projected config reads no other). From a base file, when the keys are few next
+    to its key pages, only a key page per key is read, then only the pages of the other columns that hold their
+    rows (`row_pages`, one decode per column for every such base); the slice's logs are merged on top (not
+    when `read_optimized`)."""
+    storage_schema = config.storage_schema
     paged = [i for i, (fs, keys) in enumerate(slices)
              if fs.base and few_keys(context.storage, base_path(context.paths, fs), keys)]
     plans = rows_of_keys(context.storage, [base_path(context.paths, slices[i][0]) for i in paged],
@@ -121,6 +134,8 @@ def live_rows(context: TableContext, index: MetadataIndex, keys: pa.Array, parti
             base = pa.table([bases[i][f.name].cast(f.type) for f in storage_schema], schema=storage_schema)
         else:  # the keys' rows picked before the merge, which then sorts only those
             base = with_keys(read_slice(context.storage, context.paths, config, fs, read_optimized=True), keys)
+        if read_optimized:
+            return base
         logs = [with_keys(t, keys) for t in log_tables(context.storage, context.paths, config, fs,
                                                        config.log_schema.names)]
         if not any(t.num_rows for t in logs):
@@ -128,9 +143,8 @@ def live_rows(context: TableContext, index: MetadataIndex, keys: pa.Array, parti
         return merge_versions([base, *logs], config.ordering_field, storage_schema)
 
     with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-get") as pool:
-        parts = [rows.select(storage_schema.names).cast(storage_schema)
-                 for rows in pool.map(rows_of, range(len(slices)))]
-    return pa.concat_tables(parts) if parts else storage_schema.empty_table()
+        parts = pool.map(rows_of, range(len(slices)))
+        return [rows.select(storage_schema.names).cast(storage_schema) for rows in parts]
 
 
 def with_keys(rows: pa.Table, keys: pa.Array) -> pa.Table:
@@ -144,7 +158,7 @@ def few_keys(storage: Storage, path: str, keys: pa.Array) -> bool:
 
 
 def candidate_slices(context: TableContext, index: MetadataIndex, keys: pa.Array, partitions: pa.Array | None,
-                     view: TimelineView) -> dict[tuple[str, str], pa.Array]:
+                     view: TimelineView) -> KeysBySlice:
     """(partition, file id) -> the keys to look for in that file slice. A bucket index computes them where the
     keys come with their partitions; the record index, where ready, finds keys that come without (a key then
     hashes to a bucket of every partition). Asking it for keys with their partitions only spared reading
@@ -176,7 +190,7 @@ def candidate_slices(context: TableContext, index: MetadataIndex, keys: pa.Array
     return keys_by_slice(candidates, view)
 
 
-def keys_by_slice(candidates: pa.Table, view: TimelineView) -> dict[tuple[str, str], pa.Array]:
+def keys_by_slice(candidates: pa.Table, view: TimelineView) -> KeysBySlice:
     """The distinct keys of each (partition, file id) of `candidates` that names a file slice. Taken from
     contiguous arrays: a `get` without partition values has a table of candidates per partition, and 480
     takes from its 120 chunks were 25 of the 50 ms of finding the candidates (1,000 keys, 120 days)."""

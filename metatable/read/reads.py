@@ -6,7 +6,8 @@ import collections
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from functools import partial
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -20,8 +21,12 @@ from metatable.errors import InvalidInputError
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import base_metadata, read_slice
 from metatable.formats.data_log import log_row_count
-from metatable.read.scan_filter import Filter, may_match_any, parse_filter, partition_ranges, row_mask, spark_condition
-from metatable.read.secondary_lookup import filter_slices
+from metatable.read.scan_filter import (
+    Filter, filter_columns, may_match_any, parse_filter, partition_ranges, row_mask, spark_condition)
+from metatable.read.changes import written_since
+from metatable.read.key_lookup import KeysBySlice, candidate_slices, live_rows, slice_rows
+from metatable.read.locator import MetadataIndex
+from metatable.read.secondary_lookup import filter_slices, records_then
 from metatable.spark.dataframes import read_dataframe
 from metatable.spark.session import active_session
 from metatable.table_config import TableConfig
@@ -37,6 +42,7 @@ class ScanPlan:
     total: int  # file slices listed: those of the partitions whose path values the filter may match
     config: TableConfig  # the snapshot's: its schema is the read's
     index: str | None = None  # the secondary index that chose the slices
+    keys: KeysBySlice | None = None  # the records the index names in each slice: only their rows are read
     partitions: int = 0  # in the snapshot
     partitions_skipped: int = 0  # ruled out by their path values, their files not even listed
 
@@ -59,22 +65,44 @@ class ScanPlan:
         unknown = [c for c in wanted if c not in schema.names]
         if unknown or len(set(wanted)) != len(wanted):
             raise InvalidInputError(f"columns {wanted} must name distinct columns of the table ({schema.names})")
-        needed = {*wanted, *(c for conjunction in self.filters for c, _, _ in conjunction), *config.record_key,
-                  *config.partition_by, *([config.ordering_field] if config.ordering_field else [])}
-        return (pa.schema([schema.field(c) for c in wanted]),
-                config.with_schema(pa.schema([f for f in schema if f.name in needed])))
+        return pa.schema([schema.field(c) for c in wanted]), config.reading([*wanted, *filter_columns(self.filters)])
 
 
-def scan_plan(context: TableContext, as_of: Moment | None = None, filter: Any = None) -> ScanPlan:
-    """The file slices a read needs: all of them, less those whose column stats rule the filter out."""
-    return context.read_view(lambda view: plan_of(view, parse_filter(filter, view.config.schema)), as_of)
+def scan_plan(context: TableContext, index: MetadataIndex, as_of: Moment | None = None, filter: Any = None,
+              read_optimized: bool = False) -> ScanPlan:
+    """The file slices a read needs: all of them, less those that partition values, column stats or a secondary
+    index rule out (`plan_of`). As of an earlier moment a secondary index answers through `keys_then`. A
+    read-optimized read (base files only) asks no secondary index: its entries hold the values the logs give."""
+    def plan(view: TimelineView) -> ScanPlan:
+        filters = parse_filter(filter, view.config.schema)
+        return plan_of(view, filters, partial(keys_then, context, index, view, filters), not read_optimized)
+    return context.read_view(plan, as_of)
 
 
-def plan_of(view: TimelineView, filters: Filter) -> ScanPlan:
+def keys_then(context: TableContext, index: MetadataIndex, view: TimelineView, filters: Filter,
+              entries: pa.Table) -> KeysBySlice | None:
+    """The file slices of `view`, a snapshot as of an earlier moment, that may hold rows matching `filters`, with
+    the keys of those records: those a secondary index's entries of now name, and those writes since wrote whose
+    rows then match (`secondary_lookup.records_then`); None where the writes since name more files than the
+    snapshot has slices (`changes.written_since`)."""
+    since = written_since(context, view)
+    if since is None:
+        return None
+
+    def still_matching(keys: pa.Array, partitions: pa.Array | None) -> pa.Table:
+        rows = live_rows(context, index, keys, partitions, view, filter_columns(filters))
+        return rows.filter(row_mask(rows, filters))
+    return candidate_slices(context, index, *records_then(view, entries, since, still_matching), view)
+
+
+def plan_of(view: TimelineView, filters: Filter, then: Callable[[pa.Table], KeysBySlice | None] | None = None,
+            secondary: bool = True) -> ScanPlan:
     """The view's slices the filter may match: judged by their partition's values, read off its path, before
     any of its files is listed (a one-day read of the workload benchmark's 120 days listed and parsed the
     names of all 480 file groups' ~4,800 files first: 72 of its 110 ms); then by each slice's base file's
-    column stats (a slice without logs, when the table has column stats), or a secondary index."""
+    column stats (a slice without logs, when the table has column stats), or a secondary index (where
+    `secondary`; as of an earlier moment, through `then`: see `secondary_lookup.filter_slices`), whose plan reads
+    only the rows of the records the index names (`ScanPlan.keys`)."""
     config = view.config
     partitions = view.partitions
     ranges = {p: partition_ranges(p, config.schema, config.partition_by) for p in partitions} if filters else {}
@@ -84,7 +112,7 @@ def plan_of(view: TimelineView, filters: Filter) -> ScanPlan:
     pruned = {"partitions": len(partitions), "partitions_skipped": len(partitions) - len(listed)}
     if not filters:
         return ScanPlan(slices, filters, len(slices), config, **pruned)
-    columns = {c for conjunction in filters for c, _, _ in conjunction}
+    columns = filter_columns(filters)
     by_stats = [fs for fs in slices if fs.base and not fs.logs] if "column_stats" in config.metadata_indexes else []
     stats = view.metadata.get_many("column_stats", [column_stats_key(c, fs.partition, fs.base.file_name)
                                                     for fs in by_stats for c in columns - set(config.partition_by)])
@@ -98,12 +126,12 @@ def plan_of(view: TimelineView, filters: Filter) -> ScanPlan:
             return None if s is None else (s["min_value"], s["max_value"])
         return may_match_any(filters, ranges_of)
     kept = [fs for fs in slices if possible(fs)]
-    by_index = filter_slices(view, filters)
+    by_index = filter_slices(view, filters, then) if secondary else None
     if by_index is not None:
-        index, groups = by_index
-        kept = [fs for fs in kept if (fs.partition, fs.file_id) in groups]
+        index, keys = by_index
+        kept = [fs for fs in kept if (fs.partition, fs.file_id) in keys]
         log.info("read: secondary index %s leaves %d of %d file slices", index, len(kept), len(slices))
-        return ScanPlan(kept, filters, len(slices), config, index, **pruned)
+        return ScanPlan(kept, filters, len(slices), config, index, keys, **pruned)
     log.info("read: %d of %d partitions skipped by their values, %d of %d file slices by partition values and "
              "column stats", pruned["partitions_skipped"], len(partitions), len(slices) - len(kept), len(slices))
     return ScanPlan(kept, filters, len(slices), config, **pruned)
@@ -123,8 +151,11 @@ def slice_tables(context: TableContext, plan: ScanPlan, columns: Sequence[str] |
     out, config = plan.projected(columns)
 
     def read(fs: FileSlice) -> pa.Table:
-        rows = read_slice(context.storage, context.paths, config, fs, read_optimized)
-        return (rows.filter(row_mask(rows, plan.filters)) if plan.filters else rows).select(out.names)
+        if plan.keys is not None:
+            rows = slice_rows(context, config, [(fs, plan.keys[fs.partition, fs.file_id])], read_optimized)[0]
+        else:
+            rows = read_slice(context.storage, context.paths, config, fs, read_optimized)
+        return matched(plan, rows, out)
 
     if threads < 2 or len(plan.slices) < 2:
         yield from map(read, plan.slices)
@@ -139,13 +170,24 @@ def slice_tables(context: TableContext, plan: ScanPlan, columns: Sequence[str] |
             yield ahead.popleft().result()
 
 
+def matched(plan: ScanPlan, rows: pa.Table, out: pa.Schema) -> pa.Table:
+    """A slice's rows that match the plan's filter, in the read's columns."""
+    return (rows.filter(row_mask(rows, plan.filters)) if plan.filters else rows).select(out.names)
+
+
 def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False,
              columns: Sequence[str] | None = None) -> pa.Table:
     """The plan's rows, its slices read THREADS at a time: a full read of the workload benchmark's 480 slices
     (1.69M rows, four logs each) took 1.88 s on one thread, 1.42 s on two (best of three; the per-slice
-    Python work holds the GIL). Allocated from the bulk pool (`arrow_memory`), as a write's are."""
+    Python work holds the GIL). A secondary index's plan reads its records' rows from all its slices at once,
+    as `get` does (`key_lookup.slice_rows`). Allocated from the bulk pool (`arrow_memory`), as a write's are."""
     with bulk_memory():
-        tables = list(slice_tables(context, plan, columns, read_optimized, THREADS))
+        if plan.keys is not None:
+            out, config = plan.projected(columns)
+            wanted = [(fs, plan.keys[fs.partition, fs.file_id]) for fs in plan.slices]
+            tables = [matched(plan, rows, out) for rows in slice_rows(context, config, wanted, read_optimized)]
+        else:
+            tables = list(slice_tables(context, plan, columns, read_optimized, THREADS))
     return pa.concat_tables(tables) if tables else plan.projected(columns)[0].empty_table()
 
 

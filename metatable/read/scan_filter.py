@@ -31,6 +31,11 @@ OPS = (*_COMPARE, "in")
 Filter = list[list[Conjunct]]  # ORed conjunctions of ANDed conjuncts
 
 
+def filter_columns(filters: Filter) -> set[str]:
+    """The columns a filter reads."""
+    return {column for conjunction in filters for column, _, _ in conjunction}
+
+
 def parse_filter(filters: Sequence[Conjunct] | Sequence[Sequence[Conjunct]] | None, schema: pa.Schema) -> Filter:
     """The filter as ORed conjunctions, each value of its column's type; [] for none."""
     if not filters:
