@@ -146,8 +146,7 @@ class TableContext:
         (clean), should its process die; the services live above the context, so they hand it in."""
         storage = storage or storage_for(path, storage_options)
         paths = TablePaths(table_root(path))
-        storage.check(paths.meta)
-        try:
+        try:  # the store's capability is checked by the first write (`LeaseLock`): a read needs no create
             raw = storage.read(paths.table_config)
         except FileNotFoundError:
             raise TableNotFoundError(f"no metatable table at {path} (missing {paths.table_config}); use Table.create") \

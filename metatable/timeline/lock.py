@@ -379,6 +379,8 @@ class LeaseLock:
         return json.dumps({"owner": self.owner, "nonce": uuid.uuid4().hex, **extra}, sort_keys=True).encode()
 
     def _acquire(self) -> _Lease:
+        # the lease and the commits it fences rely on create-if-absent; a reader takes no lock and needs none
+        self.storage.check(os.path.dirname(self.path))
         after_release = self._after_own_release()
         if after_release is not None and self.storage.create_exclusive(self.generation_path(after_release),
                                                                          self._record()):

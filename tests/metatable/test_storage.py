@@ -3,6 +3,7 @@ object store needs: create-if-absent kept when answers are lost, retries of thro
 connections, the capability check, the lease lock and its fence."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -140,18 +141,37 @@ def test_a_store_that_never_answers_is_a_named_error(rgw, proxy):
     assert time.monotonic() - started < 10
 
 
+UNSAFE_CHILD = """
+import json, sys
+import pyarrow as pa
+import metatable as mt
+from metatable.errors import StorageError
+t = mt.Table.open(sys.argv[1], storage_options=json.loads(sys.argv[2]))
+print("read", t.to_arrow().num_rows)
+try:
+    t.upsert(pa.table({"id": [3]}))
+except StorageError as e:
+    print("refused" if "does not honour create-if-absent" in str(e) else e)
+"""
+
+
 def test_a_store_without_create_if_absent_is_refused(rgw, proxy):
     """A store that acknowledges a second create of an object (as s3rver does; measured to lose 22% of commits)
-    is refused at open, unless the user says one process writes."""
+    is refused at create and at a process's first write, unless the user says one process writes; reads are
+    not refused (they create nothing)."""
     proxy.faults = Faults(ignore_conditions=True)
     options = {**rgw.storage_options, "endpoint": proxy.endpoint}
     schema = pa.schema([("id", pa.int64())])
     with pytest.raises(StorageError, match="does not honour create-if-absent"):
         mt.Table.create(f"s3://tests/unsafe-{time.time_ns()}", schema, "id", storage_options=options)
-    t = mt.Table.create(f"s3://tests/single-{time.time_ns()}", schema, "id",
-                        storage_options={**options, "single_writer": "true"})
+    path = f"s3://tests/single-{time.time_ns()}"
+    t = mt.Table.create(path, schema, "id", storage_options={**options, "single_writer": "true"})
     t.upsert(pa.table({"id": [1, 2]}))
     assert t.to_arrow().num_rows == 2
+    done = subprocess.run([sys.executable, "-c", UNSAFE_CHILD, path, json.dumps(options)], capture_output=True,
+                          text=True, timeout=120)  # a new process: the check is once per process and bucket
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["read", "2", "refused"], done.stdout
 
 
 def test_a_writer_paused_past_its_lease_fails_and_the_table_equals_the_model(rgw):
