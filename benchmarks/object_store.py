@@ -15,6 +15,9 @@ by it; metatable merge-on-read with a bucket index and the record index. Steps, 
 - upsert_1000_warm (metatable only): the same 1,000 rows updated once more by the table that looked them up,
   which has read its record index: it asks the index which keys exist instead of reading the base files'
   keys (a writer that has not read it, as in upsert_1000, reads the slices);
+- get_1000_fresh_process (metatable only): the same `get` by a new process, which opens the table and has
+  read nothing: every request of that process (a reader: no capability check, which a process's first write
+  makes);
 - upsert_1000_fresh_process (metatable only): the 1,000 rows updated once more by a new process, which opens
   the table (and checks the store: `ObjectStorage.check`) and has read nothing: every request of that process
   (its inline compaction off: this fifth log of each file group makes one due, whose requests are not the
@@ -60,6 +63,12 @@ BUCKET = "bench"
 KINDS = ("GET", "GET_RANGE", "PUT", "LIST", "HEAD", "DELETE", "COPY", "MULTIPART")
 FILTER = (pc.field("ship_year") == 1995) & (pc.field("l_linenumber") >= 6)
 RESULTS: dict[tuple[float, str, str], dict] = {}
+FRESH_GET = """import json, sys
+import pyarrow.parquet as pq
+import metatable as mt
+table = mt.Table.open(sys.argv[1], storage_options=json.loads(sys.argv[2]))
+pq.write_table(table.get(pq.read_table(sys.argv[3])), sys.argv[4])
+"""
 FRESH_UPSERT = """import json, sys
 import pyarrow.parquet as pq
 import metatable as mt
@@ -121,6 +130,13 @@ def bench_metatable(steps: Steps, source: str, batches: dict[str, str], keys: pa
     fresh = mt.Table.open(root, storage_options=options)
     got = steps.run("metatable", "get_1000", lambda: fresh.get(keys))
     check(same_rows(got, expected), "metatable get returned other rows")
+    with tempfile.TemporaryDirectory() as scratch:
+        keys_path, rows_path = os.path.join(scratch, "keys.parquet"), os.path.join(scratch, "rows.parquet")
+        pq.write_table(keys, keys_path)
+        steps.run("metatable", "get_1000_fresh_process", lambda: subprocess.run(
+            [sys.executable, "-c", FRESH_GET, root, json.dumps(options), keys_path, rows_path], check=True,
+            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}))
+        check(same_rows(pq.read_table(rows_path), expected), "metatable get_1000_fresh_process returned other rows")
     fresh.lookup(keys)  # the record index's SSTs in the local cache: the next lookup is warm
     located = steps.run("metatable", "lookup_1000", lambda: fresh.lookup(keys))
     groups = fresh.metadata.partitions["record_index"]

@@ -93,7 +93,8 @@ def test_the_object_store_benchmark_runs_on_the_test_runs_rgw(rgw, workdir: Path
     shared = ["bulk_load", "open", "upsert", "upsert_1000", "delete", "get_1000", "filtered_read", "compaction",
               "clustering"]
     assert steps == {(s, step) for s in ("metatable", "delta") for step in shared} | {
-        ("metatable", "lookup_1000"), ("metatable", "upsert_1000_warm"), ("metatable", "upsert_1000_fresh_process")}
+        ("metatable", "lookup_1000"), ("metatable", "upsert_1000_warm"), ("metatable", "upsert_1000_fresh_process"),
+        ("metatable", "get_1000_fresh_process")}
     assert all(line["total_requests"] > 0 for line in lines if "seconds" in line and line["step"] != "lookup_1000")
     assert {line["target"] for line in lines if "target" in line} == {
         "upsert >= 3x faster than delta-rs", "1,000-row upsert <= 30 requests (record index unread)",

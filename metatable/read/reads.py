@@ -21,11 +21,11 @@ from metatable.errors import InvalidInputError
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import base_metadata, read_slice
 from metatable.formats.data_log import log_row_count
-from metatable.read.scan_filter import (
-    Filter, filter_columns, may_match_any, parse_filter, partition_ranges, row_mask, spark_condition)
 from metatable.read.changes import written_since
 from metatable.read.key_lookup import KeysBySlice, candidate_slices, live_rows, slice_rows
 from metatable.read.locator import MetadataIndex
+from metatable.read.scan_filter import (
+    Filter, filter_columns, may_match_any, parse_filter, partition_ranges, row_mask, spark_condition)
 from metatable.read.secondary_lookup import filter_slices, records_then
 from metatable.spark.dataframes import read_dataframe
 from metatable.spark.session import active_session
