@@ -121,7 +121,8 @@ def test_a_late_compaction_keeps_the_slices_it_supersedes_for_retain_commits_com
         t.upsert(rows(range(ts, KEYS, 7), f"v{ts}", ts))
     expected = sorted(t.to_arrow().to_pylist(), key=lambda r: r["id"])
     reader = mt.Table.open(t.path)
-    plan = reads.scan_plan(reader.context)  # a read that began before the compaction completed
+    # a read that began before the compaction completed
+    plan = reads.scan_plan(reader.context, reader.metadata_index)
     assert t.run_compaction() == [compaction]
     t.clean()
     got = reads.to_arrow(reader.context, plan)
