@@ -16,7 +16,8 @@ A write task computes its base files' stats and bloom filter where it writes the
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -28,11 +29,12 @@ from indexes.column_stats import file_column_stats, tombstones
 from indexes.keys import bloom_filter_key
 
 from metatable.commit.change import Change
-from metatable.commit.secondary_records import Current, row_schema, rows_entries, secondary_records
+from metatable.commit.secondary_records import Current, rows_entries, secondary_records
 from metatable.errors import naming_damage
 from metatable.file_group.base_file import PARQUET, BaseFile
 from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.slice_reader import key_column, log_columns, members, parquet_file, read_slice
+from metatable.file_group.record_merge import merge_versions
+from metatable.file_group.slice_reader import base_batches, key_column, log_columns, log_tables, members, parquet_file
 from metatable.file_group.written import WrittenFile
 from metatable.formats.data_log import read_data_log
 from metatable.formats.log_file import Entries
@@ -43,6 +45,7 @@ from metatable.table_config import DELETED_COLUMN, KEY_COLUMN, METADATA_INDEXES,
 from metatable.timeline.instant import Action
 
 Records = dict[str, dict[str, Any]]  # key -> record (None: a tombstone)
+BATCH_ROWS = 1 << 16  # the rows of a base file an index build holds at a time (`secondary_slice_entries`)
 
 
 def change_records(storage: Storage, paths: TablePaths, config: TableConfig, instant: str, change: Change,
@@ -209,15 +212,32 @@ def slice_records(storage: Storage, paths: TablePaths, config: TableConfig, fs: 
 
 
 def secondary_slice_entries(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice, partition: str,
-                            stamp_of: Callable[[str], int]) -> Entries:
+                            stamp_of: Callable[[str], int]) -> Iterator[Entries]:
     """What a secondary index holds for one latest file slice (the indexer's build, fsck's check): an entry per
-    live row, stamped as `live_keys` stamps its key."""
+    live row, stamped as `live_keys` stamps its key. Yielded in pieces, so that a build's memory does not grow
+    with the file group: the base's rows no log touches a batch at a time, then the keys the logs hold, merged
+    (`merge_versions` leaves the base's other rows as they are)."""
     columns = config.secondary_columns(partition)
-    needed = {*row_schema(config, columns, deleted=False).names, *config.record_key, *config.partition_by}
-    rows = read_slice(storage, paths, config.with_schema(pa.schema([f for f in config.schema if f.name in needed])),
-                      fs)
-    keys, stamps = live_keys(storage, paths, config, fs, stamp_of)
-    stamps = stamps[pc.index_in(rows[KEY_COLUMN], value_set=keys).to_numpy(zero_copy_only=False)]
-    return rows_entries(config, columns, rows,
-                        record_index_key_array(fs.partition, rows[KEY_COLUMN], config.keys_unique_across_partitions),
-                        fs.partition, fs.file_id, stamps)
+    narrow = config.reading(columns)
+
+    def entries(rows: pa.Table, stamps: np.ndarray) -> Entries:
+        keys = record_index_key_array(fs.partition, rows[KEY_COLUMN], config.keys_unique_across_partitions)
+        return rows_entries(config, columns, rows, keys, fs.partition, fs.file_id, stamps)
+
+    logs = log_tables(storage, paths, narrow, fs, narrow.log_schema.names)
+    touched = pa.chunked_array([log[KEY_COLUMN] for log in logs], pa.string()).combine_chunks()
+    schema, touched_rows = narrow.storage_schema, []
+    if fs.base is not None:
+        stamp = stamp_of(fs.base.instant)
+        for rows in base_batches(storage, paths.file(fs.partition, fs.base.file_name), schema, config.known_columns,
+                                 BATCH_ROWS):
+            if logs:
+                hit = pc.is_in(rows[KEY_COLUMN], value_set=touched)
+                touched_rows.append(rows.filter(hit))
+                rows = rows.filter(pc.invert(hit))
+            yield entries(rows, np.full(rows.num_rows, stamp, np.int64))
+    if logs:
+        rows = merge_versions([pa.concat_tables(touched_rows) if touched_rows else schema.empty_table(), *logs],
+                              config.ordering_field, schema)
+        keys, stamps = live_keys(storage, paths, config, replace(fs, base=None), stamp_of)
+        yield entries(rows, stamps[pc.index_in(rows[KEY_COLUMN], value_set=keys).to_numpy(zero_copy_only=False)])

@@ -1,7 +1,7 @@
 """Reading a data file slice: its base (Parquet) merged with its logs."""
 from __future__ import annotations
 
-from typing import Collection, Sequence
+from typing import Collection, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -39,19 +39,41 @@ def read_base(storage: Storage, path: str, schema: pa.Schema | None = None, colu
     footer is one ranged request (`parquet_footer`, cached) and the column chunks one more per row group
     (`pre_buffer` coalesces them)."""
     with naming_damage(path):
-        check_footer(storage, path, known if known is not None else schema.names if schema is not None else None)
-        footer = parquet_footer(storage, path)
-        file = parquet_file(storage, path, footer)
-        wanted = schema if schema is None or columns is None else pa.schema([schema.field(c) for c in columns])
-        if wanted is None:
-            return file.read(columns=columns)
-        present = footer.column_names
-        read = [n for n in wanted.names if n in present]
-        table = file.read(columns=None if tuple(read) == present else read)  # None: no column paths to resolve
-        if table.schema.equals(wanted):
-            return table
-        return pa.table([table[f.name].cast(f.type) if f.name in present else pa.nulls(table.num_rows, f.type)
-                         for f in wanted], schema=wanted)
+        file, read, wanted = _opened(storage, path, schema, columns, known)
+        return _conformed(file.read(columns=read), wanted)
+
+
+def base_batches(storage: Storage, path: str, schema: pa.Schema, known: Collection[str] | None = None,
+                 rows: int = 1 << 16) -> Iterator[pa.Table]:
+    """A base file's rows as `read_base` reads them into `schema`, `rows` at a time: a reader whose memory must
+    not grow with the file (an index build reads every row of the table; a base file holds one row group)."""
+    with naming_damage(path):
+        file, read, wanted = _opened(storage, path, schema, None, known)
+        for batch in file.iter_batches(batch_size=rows, columns=read):
+            yield _conformed(pa.Table.from_batches([batch]), wanted)
+
+
+def _opened(storage: Storage, path: str, schema: pa.Schema | None, columns: Sequence[str] | None,
+            known: Collection[str] | None) -> tuple[pq.ParquetFile, list[str] | None, pa.Schema | None]:
+    """A base file checked and opened: the columns to read (None: all) and the schema to read them into."""
+    check_footer(storage, path, known if known is not None else schema.names if schema is not None else None)
+    footer = parquet_footer(storage, path)
+    file = parquet_file(storage, path, footer)
+    wanted = schema if schema is None or columns is None else pa.schema([schema.field(c) for c in columns])
+    if wanted is None:
+        return file, None if columns is None else list(columns), None
+    present = footer.column_names
+    read = [n for n in wanted.names if n in present]
+    return file, None if tuple(read) == present else read, wanted  # None: no column paths to resolve
+
+
+def _conformed(table: pa.Table, wanted: pa.Schema | None) -> pa.Table:
+    """Columns the file lacks as nulls, narrower ones cast up."""
+    if wanted is None or table.schema.equals(wanted):
+        return table
+    present = set(table.column_names)
+    return pa.table([table[f.name].cast(f.type) if f.name in present else pa.nulls(table.num_rows, f.type)
+                     for f in wanted], schema=wanted)
 
 
 @footer_fields

@@ -128,6 +128,9 @@ def slice_rows(context: TableContext, config: TableConfig, slices: Sequence[tupl
     readable = [(i, plan) for i, plan in zip(paged, plans) if plan is not None]
     bases = dict(zip([i for i, _ in readable], read_rows([plan for _, plan in readable], storage_schema.names)))
 
+    def conformed(rows: pa.Table) -> pa.Table:  # a cast costs ~120 us a slice even where nothing changes
+        return rows if rows.schema.equals(storage_schema) else rows.select(storage_schema.names).cast(storage_schema)
+
     def rows_of(i: int) -> pa.Table:
         fs, keys = slices[i]
         if i in bases:
@@ -142,10 +145,10 @@ def slice_rows(context: TableContext, config: TableConfig, slices: Sequence[tupl
             return base
         return merge_versions([base, *logs], config.ordering_field, storage_schema)
 
+    if len(slices) < 2:  # a scan's slice at a time: no pool to start
+        return [conformed(rows_of(i)) for i in range(len(slices))]
     with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-get") as pool:
-        parts = pool.map(rows_of, range(len(slices)))  # a cast costs ~120 us a slice even where nothing changes
-        return [rows if rows.schema.equals(storage_schema) else rows.select(storage_schema.names).cast(storage_schema)
-                for rows in parts]
+        return [conformed(rows) for rows in pool.map(rows_of, range(len(slices)))]
 
 
 def with_keys(rows: pa.Table, keys: pa.Array) -> pa.Table:

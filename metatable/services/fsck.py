@@ -143,9 +143,9 @@ def secondary_index_mismatch(context: TableContext) -> list[Problem]:
     for partition in config.metadata_indexes:
         if config.secondary_columns(partition) is None:
             continue
-        expected = Entries.concat([secondary_slice_entries(context.storage, context.paths, config, fs, partition,
-                                                           lambda _: 0) for fs in view.file_slices.values()],
-                                  may_repeat=False)
+        expected = Entries.concat([entries for fs in view.file_slices.values() for entries in
+                                   secondary_slice_entries(context.storage, context.paths, config, fs, partition,
+                                                           lambda _: 0)], may_repeat=False)
         try:
             stored = metadata.entries(partition)
         except MetatableError:

@@ -61,7 +61,8 @@ def build(context: TableContext, indexing: str, partitions: dict[str, int], t: s
         with cleaned_files_abort(f"the file slice {fs.partition}/{fs.file_id} as of {t}"):
             found, live = slice_records(context.storage, context.paths, config, fs, wanted, stamp)
             for p in secondary:
-                spilled[p].add(secondary_slice_entries(context.storage, context.paths, config, fs, p, stamp))
+                for entries in secondary_slice_entries(context.storage, context.paths, config, fs, p, stamp):
+                    spilled[p].add(entries)
         for p, recs in found.items():
             records[p].update(recs)
         if live is not None:
@@ -123,10 +124,13 @@ def write_records(context: TableContext, indexing: str, partition: str, n: int, 
 
 class SpilledEntries:
     """A partition's entries, spilled to local Arrow files by metadata file group as file slices yield them,
-    then sorted and written one file group at a time: the build holds one file group's entries, not the
-    index's (the indexer sizes file groups by the table's rows, `ENTRIES_PER_FILE_GROUP`)."""
+    then sorted and written one file group at a time by an external sort (`sorted_runs`, `merge_sorted`):
+    the build holds a run of entries, neither the index's nor a file group's. (The indexer sizes file groups
+    by the table's rows, `ENTRIES_PER_FILE_GROUP`, so a file group's entries vary between builds: sorted whole,
+    the build's peak followed them, SF 1 756 MB, SF 10 985 MB; in runs, 569 and 572 MB.)"""
 
     SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary())])
+    RUN_ENTRIES = 1 << 20  # entries sorted in memory at a time
 
     def __init__(self, directory: str, partition: str, n: int) -> None:
         self.directory = os.path.join(directory, partition)
@@ -135,8 +139,8 @@ class SpilledEntries:
         self.partition, self.n = partition, n
         self.writers = [pa.ipc.new_stream(self.path(i), self.SCHEMA) for i in range(n)]
 
-    def path(self, index: int) -> str:
-        return os.path.join(self.directory, f"{index}.arrow")
+    def path(self, index: int, run: int | None = None) -> str:
+        return os.path.join(self.directory, f"{index}.arrow" if run is None else f"{index}.run{run}.arrow")
 
     def add(self, entries: Entries) -> None:
         group = hash32_array(entries.keys) % self.n if len(entries) else np.zeros(0, np.int64)
@@ -150,20 +154,65 @@ class SpilledEntries:
         total = 0
         for index, writer in enumerate(self.writers):
             writer.close()
-            with pa.memory_map(self.path(index)) as source:
-                entries = pa.ipc.open_stream(source).read_all().combine_chunks()
-            entries = entries.take(pc.sort_indices(entries["key"]))
+            runs = self.sorted_runs(index)
 
-            def items(entries: pa.Table = entries) -> Iterator[tuple[bytes, bytes]]:  # Python objects a chunk at a time
-                for chunk in entries.to_batches(max_chunksize=1 << 16):
+            def items(runs: list[str] = runs) -> Iterator[tuple[bytes, bytes]]:  # Python objects a chunk at a time
+                for chunk in merge_sorted([stream_batches(run) for run in runs]):
                     yield from zip(chunk["key"].cast(pa.binary()).to_pylist(), chunk["value"].to_pylist())
-            write_sst(context.storage, base_path(context.metadata.root, self.partition, index, indexing),
-                      distinct_items(items()))
+            count = write_sst(context.storage, base_path(context.metadata.root, self.partition, index, indexing),
+                              distinct_items(items()))
             crash_point("indexer.build.file_group")
-            total += entries.num_rows
-            del entries
-            os.remove(self.path(index))
+            total += count - 1
+            for run in runs:
+                os.remove(run)
         return total
+
+    def sorted_runs(self, index: int) -> list[str]:
+        """A file group's spilled entries rewritten as runs of `RUN_ENTRIES`, each sorted by key."""
+        runs: list[str] = []
+        pending: list[pa.RecordBatch] = []
+
+        def flush() -> None:
+            table = pa.Table.from_batches(pending, self.SCHEMA)
+            runs.append(self.path(index, len(runs)))
+            with pa.ipc.new_stream(runs[-1], self.SCHEMA) as run:
+                run.write_table(table.take(pc.sort_indices(table["key"])), max_chunksize=1 << 16)
+            pending.clear()
+
+        held = 0
+        for batch in stream_batches(self.path(index)):
+            pending.append(batch)
+            held += len(batch)
+            if held >= self.RUN_ENTRIES:
+                flush()
+                held = 0
+        if pending or not runs:
+            flush()
+        os.remove(self.path(index))
+        return runs
+
+
+def stream_batches(path: str) -> Iterator[pa.RecordBatch]:
+    with pa.OSFile(path) as source:
+        yield from pa.ipc.open_stream(source)
+
+
+def merge_sorted(runs: list[Iterator[pa.RecordBatch]]) -> Iterator[pa.Table]:
+    """The entries of runs sorted by key, merged in sorted chunks: each step takes from every run what sorts
+    at or before the least of their current batches' last keys (Arrow compares and sorts strings by their
+    bytes alike), so a run's current batch is all that is held of it."""
+    runs = [(batch for batch in run if len(batch)) for run in runs]
+    heads = [next(run, None) for run in runs]
+    while live := [i for i, head in enumerate(heads) if head is not None]:
+        bound = min(heads[i]["key"][-1].as_py() for i in live)
+        pieces = []
+        for i in live:
+            head = heads[i]
+            n = pc.sum(pc.less_equal(head["key"], bound)).as_py()
+            pieces.append(head.slice(0, n))
+            heads[i] = head.slice(n) if n < len(head) else next(runs[i], None)
+        merged = pa.Table.from_batches(pieces)
+        yield merged if len(live) == 1 else merged.take(pc.sort_indices(merged["key"]))
 
 
 class RecordIndexBuild:
@@ -250,11 +299,11 @@ def slice_rows(storage: Storage, paths: TablePaths, config: TableConfig, slices:
     found, live = slice_records(storage, paths, config, fs, set(partitions) - set(secondary), stamps_of.__getitem__)
     parts = []
     for partition in secondary:
-        entries = secondary_slice_entries(storage, paths, config, fs, partition, stamps_of.__getitem__)
-        parts.append(pa.table({"partition": pa.repeat(partition, len(entries)),
-                               "group": pa.array(hash32_array(entries.keys) % partitions[partition], pa.int32()),
-                               "key": entries.keys.cast(pa.binary()), "value": entries.values.cast(pa.binary())},
-                              EMITTED))
+        for entries in secondary_slice_entries(storage, paths, config, fs, partition, stamps_of.__getitem__):
+            parts.append(pa.table({"partition": pa.repeat(partition, len(entries)),
+                                   "group": pa.array(hash32_array(entries.keys) % partitions[partition], pa.int32()),
+                                   "key": entries.keys.cast(pa.binary()), "value": entries.values.cast(pa.binary())},
+                                  EMITTED))
     for partition, records in found.items():
         kind, n = kind_named(partition), partitions[partition]
         keys = list(records)

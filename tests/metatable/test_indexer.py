@@ -25,6 +25,7 @@ from indexes.keys import bloom_filter_key, record_index_key
 
 from metatable.errors import IndexingAborted, InvalidInputError
 from metatable.file_group.slice_reader import read_slice
+from metatable.services.index_build import merge_sorted
 from metatable.table_config import KEY_COLUMN
 from metatable.timeline.instant import Action
 
@@ -466,3 +467,23 @@ def test_the_build_on_spark_equals_the_build_in_process(tmp_path, spark):
     check_indexes(root)
     for partition in ALL:
         assert stored(mt.Table.open(root), partition) == stored(mt.Table.open(copy), partition)
+
+
+keys_ = st.lists(st.text(alphabet="ab\x00é\U0001f600", max_size=4), max_size=60)
+
+
+@given(runs=st.lists(keys_, max_size=5), size=st.integers(1, 9))
+def test_merged_runs_are_sorted_as_rocksdb_compares(runs, size):
+    """`merge_sorted` against Python's sort by UTF-8 bytes (RocksDB's order), repeated keys kept."""
+    def batches(keys: list[str]):
+        table = pa.table({"key": pa.array(sorted(keys, key=str.encode), pa.string()),
+                          "value": pa.array([k.encode() for k in sorted(keys, key=str.encode)], pa.binary())})
+        return iter(table.to_batches(max_chunksize=size))
+    merged = [c for chunk in merge_sorted([batches(keys) for keys in runs]) for c in chunk["key"].to_pylist()]
+    assert merged == sorted((k for keys in runs for k in keys), key=str.encode)
+
+
+def test_merged_runs_fixed_vector():
+    run = lambda *keys: iter(pa.table({"key": list(keys), "value": [b""] * len(keys)}).to_batches(max_chunksize=2))
+    chunks = list(merge_sorted([run("a", "c", "e"), run("b", "b", "z"), run()]))
+    assert [k for c in chunks for k in c["key"].to_pylist()] == ["a", "b", "b", "c", "e", "z"]

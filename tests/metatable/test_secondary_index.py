@@ -252,6 +252,31 @@ def test_fsck_finds_each_kind_of_wrong_entry_and_the_rebuild_mends_it(tmp_path):
         (k, r["value"], r["ordering"], r["partition_path"], r["file_id"]) for k, r in stored.items())
 
 
+def test_a_build_in_small_pieces_equals_one_built_whole(tmp_path, monkeypatch):
+    """The build streams: base files read a few rows at a time, entries sorted in runs of a few and merged.
+    Its index equals one built with the default sizes, and queries equal a filter of a full read."""
+    from metatable.commit import index_records
+    from metatable.services.index_build import SpilledEntries
+    root = str(tmp_path / "t")
+    table = seeded(root)
+    table.upsert(pa.Table.from_pylist([{"id": i, "p": "p0", "v": f"new-{i % 5}", "ts": 2} for i in range(0, 300, 7)],
+                                      schema=WRITER_SCHEMA))
+    table.upsert(pa.Table.from_pylist([{"id": i, "p": "p1", "v": "lost", "ts": 0} for i in range(0, 300, 11)],
+                                      schema=WRITER_SCHEMA))
+    table.delete(pa.table({"id": pa.array(range(1, 300, 13), pa.int64()), "p": ["p0"] * 23}))
+    whole = str(tmp_path / "whole")
+    copy_table(root, whole)
+    for built in (whole, root):
+        if built == root:
+            monkeypatch.setattr(index_records, "BATCH_ROWS", 17)
+            monkeypatch.setattr(SpilledEntries, "RUN_ENTRIES", 29)
+        t = mt.Table.open(built, options=OPTIONS)
+        t.schedule_indexing(secondary={"by_v": "v"})
+        t.run_indexing()
+    check_against_the_data(root, tmp_path)
+    assert entries(mt.Table.open(root), "secondary_index_by_v") == entries(mt.Table.open(whole), "secondary_index_by_v")
+
+
 def check_against_the_data(root: str, tmp_path, from_scratch: bool = False) -> None:
     """fsck finds the index equal to the data (every entry and no other); queries equal a filter of a full
     read; `from_scratch`: the index also equals one built from scratch on a copy."""
