@@ -288,7 +288,9 @@ class Table:
         of the latest completed write at or before a moment: an instant time, an ISO-8601 time ("2026-11-26",
         "2026-11-26T10:00:00+01:00"; without an offset: UTC) or a `datetime` (naive: UTC). A moment before the
         first commit, or whose files a clean removed, is a SnapshotExpiredError naming the readable times."""
-        return reads.to_arrow(self.context, self._plan(as_of, filter, read_optimized), read_optimized, columns)
+        plan = self._plan(as_of, filter, read_optimized)
+        with self.context.snapshot_kept(plan.snapshot):
+            return reads.to_arrow(self.context, plan, read_optimized, columns)
 
     def to_batches(self, columns: Sequence[str] | None = None, filter: Any = None, as_of: Moment | None = None,
                    read_optimized: bool = False) -> pa.RecordBatchReader:

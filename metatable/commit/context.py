@@ -6,16 +6,17 @@ timeline. Actions and services take a context, never a `Table`, so they depend o
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from metatable import config as config_options
 from metatable.commit.data_undo import DataUndo
 from metatable.commit.timeline_view import TimelineView
 from metatable.config import METADATA_PREFIXES
-from metatable.errors import (ConfigError, CorruptFileError, MetatableError, MissingFileError, TableExistsError,
-                              TableNotFoundError)
+from metatable.errors import (ConfigError, CorruptFileError, MetatableError, MissingFileError, SnapshotExpiredError,
+                              TableExistsError, TableNotFoundError)
 from metatable.formats.clustering_plan import RESIZE
 from metatable.metadata.table import MetadataTable, metadata_location
 from metatable.storage.base import Storage, read_json
@@ -56,6 +57,22 @@ class TableContext:
         """What a reader sees now (or as of a completed instant), with the index states of now."""
         return TimelineView(self.timeline, self.metadata, self.config_now(), as_of)
 
+    @contextmanager
+    def snapshot_kept(self, instant: str | None) -> Iterator[None]:
+        """A read of the snapshot as of `instant` that meets a missing data file: where a clean that completed
+        since keeps that snapshot no longer, the read was overtaken (it took longer than the clean retains
+        commits), a SnapshotExpiredError that says so and what to do; otherwise the loss is damage, reported
+        as it was. The check is made only on the error, so reads pay nothing for it."""
+        try:
+            yield
+        except MissingFileError as e:
+            if e.metadata or instant is None or instant >= (readable := self.view().readable_from):
+                raise
+            raise SnapshotExpiredError(
+                f"a clean removed files of {self.root} as of {instant} while they were read ({e.path}): snapshots "
+                f"as of {readable} or later are readable. Read again, or keep snapshots readable for longer "
+                "(clean.retain_commits, clean.retain_hours)") from None
+
     def read_view(self, read: Callable[[TimelineView], R], as_of: Moment | None = None) -> R:
         """`read(view)` on a new snapshot. Should a metadata index that the snapshot had ready be dropped while
         it read (a drop changes the states first, then deletes the files), what it read of the index may be
@@ -72,7 +89,8 @@ class TableContext:
         with self.timeline.lock.quiet() as quiet:
             view = self.view(as_of)
             try:
-                result = read(view)
+                with self.snapshot_kept(view.as_of or view.latest):
+                    result = read(view)
             except MissingFileError as e:
                 if not e.metadata:
                     raise

@@ -45,6 +45,7 @@ class ScanPlan:
     keys: KeysBySlice | None = None  # the records the index names in each slice: only their rows are read
     partitions: int = 0  # in the snapshot
     partitions_skipped: int = 0  # ruled out by their path values, their files not even listed
+    snapshot: str | None = None  # the instant read (`TableContext.snapshot_kept`)
 
     @property
     def report(self) -> dict[str, Any]:
@@ -109,7 +110,8 @@ def plan_of(view: TimelineView, filters: Filter, then: Callable[[pa.Table], Keys
     listed = [p for p in partitions if may_match_any(filters, ranges[p].get)] if filters else partitions
     found = view.file_slices if len(listed) == len(partitions) else view.slices_in(view.file_sizes(listed))
     slices = list(found.values())
-    pruned = {"partitions": len(partitions), "partitions_skipped": len(partitions) - len(listed)}
+    pruned = {"partitions": len(partitions), "partitions_skipped": len(partitions) - len(listed),
+              "snapshot": view.as_of or view.latest}
     if not filters:
         return ScanPlan(slices, filters, len(slices), config, **pruned)
     columns = filter_columns(filters)

@@ -32,7 +32,8 @@ class Scan:
         """The rows, one file slice at a time, in `columns` (a subset of the scan's; all of them by default)."""
         names = list(columns) if columns is not None else self.schema.names
         log.debug("scan of %s: reading columns %s of %d file slices", self.context.root, names, len(self.plan.slices))
-        return slice_tables(self.context, self.plan, names, self.read_optimized)
+        with self.context.snapshot_kept(self.plan.snapshot):  # a scan read slowly may be overtaken by a clean
+            yield from slice_tables(self.context, self.plan, names, self.read_optimized)
 
     def to_batches(self) -> pa.RecordBatchReader:
         return pa.RecordBatchReader.from_batches(self.schema, (b for t in self.tables() for b in t.to_batches()))

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import metatable as mt
-from metatable.errors import InvalidInputError, MetatableError
+from metatable.errors import InvalidInputError, MetatableError, MissingFileError, SnapshotExpiredError
 from metatable.read.scan_filter import parse_filter
 
 SCHEMA = pa.schema([("id", pa.int64()), ("day", pa.date32()), ("amt", pa.decimal128(12, 2)),
@@ -233,3 +233,24 @@ def test_a_filter_on_partition_columns_reads_only_their_slices_logs_or_not(tmp_p
         {p for p in {fs.partition for fs in t.file_slices().values()} if not p.endswith("n=__null__")}
     assert sorted(t.to_arrow(filter=[[("n", "==", 1)], [("day", "in", ["2024-01-01"])]])["id"].to_pylist()) == \
         sorted(i for i in range(100) if (i % 7 and i % 3 == 1) or i % 10 == 0)
+
+
+def test_a_read_overtaken_by_a_clean_says_so_and_a_lost_file_is_still_damage(tmp_path):
+    """A scan consumed after a clean removed its snapshot's files (a read slower than the clean's retention):
+    a SnapshotExpiredError that says what happened and what to do, not a missing-file report; a file of the
+    latest snapshot that is gone is still reported as missing."""
+    table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", partition_by="day", table_type="copy_on_write",
+                            options={"clean.retain_commits": 1, "clean.inline": False})
+    table.upsert(orders(range(30)))
+    scan = table.scan()
+    for n in (1, 2):
+        table.upsert(orders(range(30), n=n))  # rewrites every file group
+    assert table.clean() is not None
+    with pytest.raises(SnapshotExpiredError, match=r"a clean removed files of .* while they were read .*"
+                                                   r"clean.retain_commits"):
+        scan.to_arrow()
+    assert table.to_arrow().num_rows == 30
+    base = next(f for f in os.listdir(tmp_path / "t" / "day=2024-01-01") if f.endswith(".parquet"))
+    os.remove(tmp_path / "t" / "day=2024-01-01" / base)
+    with pytest.raises(MissingFileError, match=base):
+        table.to_arrow()
