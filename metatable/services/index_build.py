@@ -127,7 +127,7 @@ class SpilledEntries:
     then sorted and written one file group at a time by an external sort (`sorted_runs`, `merge_sorted`):
     the build holds a run of entries, neither the index's nor a file group's. (The indexer sizes file groups
     by the table's rows, `ENTRIES_PER_FILE_GROUP`, so a file group's entries vary between builds: sorted whole,
-    the build's peak followed them, SF 1 756 MB, SF 10 985 MB; in runs, 569 and 572 MB.)"""
+    the build's peak, sampled, followed them: SF 1 756 MB, SF 10 985 MB; in runs, 569 and 572 MB.)"""
 
     SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary())])
     RUN_ENTRIES = 1 << 20  # entries sorted in memory at a time
