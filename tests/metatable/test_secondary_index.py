@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import metatable as mt
 from indexes import secondary_keys as sk
+from metatable.commit import index_records
 from metatable.errors import InvalidInputError
+from metatable.services.index_build import SpilledEntries
 
 from .table_model import SCHEMA as WRITER_SCHEMA, copy_table
 from .test_changes import INDEXES, run_service
@@ -255,8 +257,6 @@ def test_fsck_finds_each_kind_of_wrong_entry_and_the_rebuild_mends_it(tmp_path):
 def test_a_build_in_small_pieces_equals_one_built_whole(tmp_path, monkeypatch):
     """The build streams: base files read a few rows at a time, entries sorted in runs of a few and merged.
     Its index equals one built with the default sizes, and queries equal a filter of a full read."""
-    from metatable.commit import index_records
-    from metatable.services.index_build import SpilledEntries
     root = str(tmp_path / "t")
     table = seeded(root)
     table.upsert(pa.Table.from_pylist([{"id": i, "p": "p0", "v": f"new-{i % 5}", "ts": 2} for i in range(0, 300, 7)],
