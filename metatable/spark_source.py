@@ -185,6 +185,7 @@ def create_from_options(path: str, storage: Storage, schema: pa.Schema, options:
 class SlicePartition(InputPartition):
     file_slice: FileSlice | None  # None: an empty read still has one partition
     keys: tuple[str, ...] | None = None  # the records a secondary index named in it: only their rows are read
+    snapshot: str | None = None  # the instant planned: a clean that removes its files meanwhile overtook the read
 
 
 class SnapshotReader(DataSourceReader):
@@ -210,7 +211,7 @@ class SnapshotReader(DataSourceReader):
         plan = reads.scan_plan(table.context, table.metadata_index, self.as_of, self.filters, self.read_optimized)
         log.info("metatable source: %d file slices read (%s)", len(plan.slices), plan.report)
         keys = plan.keys or {}
-        return [SlicePartition(fs, tuple(keys[fs.partition, fs.file_id].to_pylist()) if keys else None)
+        return [SlicePartition(fs, tuple(keys[fs.partition, fs.file_id].to_pylist()) if keys else None, plan.snapshot)
                 for fs in plan.slices] or [SlicePartition(None)]
 
     def read(self, partition: SlicePartition) -> Iterator[pa.RecordBatch]:
@@ -218,12 +219,13 @@ class SnapshotReader(DataSourceReader):
             return
         table = Table.open(self.path, storage=self.storage)
         # the config's widest schema holds every column of the snapshot's: it is read into, then projected and cast
-        if partition.keys is None:
-            rows = read_slice(table.storage, table.context.paths, table.config, partition.file_slice,
-                              self.read_optimized)
-        else:
-            wanted = [(partition.file_slice, pa.array(partition.keys, pa.string()))]
-            rows = slice_rows(table.context, table.config, wanted, self.read_optimized)[0]
+        with table.context.snapshot_kept(partition.snapshot):  # the task may run long after the plan was made
+            if partition.keys is None:
+                rows = read_slice(table.storage, table.context.paths, table.config, partition.file_slice,
+                                  self.read_optimized)
+            else:
+                wanted = [(partition.file_slice, pa.array(partition.keys, pa.string()))]
+                rows = slice_rows(table.context, table.config, wanted, self.read_optimized)[0]
         rows = rows.select(self.schema.names).cast(self.schema)
         if self.filters:
             rows = rows.filter(row_mask(rows, [self.filters]))  # the pushed conjuncts, ANDed
@@ -318,7 +320,8 @@ class ChangeStream(DataSourceStreamReader):
                 yield batch if records else batch.filter(pc.is_in(batch[CHANGE_TYPE], LEFT_BY_WRITES)).select(columns)
             return
         table = Table.open(self.path, storage=self.storage)
-        rows = read_slice(table.storage, table.context.paths, table.config, partition.file_slice).select(columns)
+        with table.context.snapshot_kept(partition.instant):
+            rows = read_slice(table.storage, table.context.paths, table.config, partition.file_slice).select(columns)
         yield from (as_inserts(rows, partition.instant) if records else rows).cast(self.schema).to_batches()
 
 

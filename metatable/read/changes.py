@@ -43,6 +43,7 @@ from indexes.arrow_keys import partition_paths
 from metatable.commit.context import TableContext
 from metatable.commit.timeline_view import TimelineView
 from metatable.errors import InvalidInputError, SnapshotExpiredError
+from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET, BaseFile
 from metatable.file_group.file_slice import parse_names
 from metatable.file_group.record_merge import loses
@@ -137,18 +138,21 @@ def changes_in(context: TableContext, index: MetadataIndex, view: TimelineView, 
     out_schema = pa.schema([schema.field(c) for c in wanted] + list(CHANGE_COLUMNS))
     if not w.writes:
         return out_schema.empty_table()
-    written = written_records(context, end_view, w, filters, partitions)
-    log.info("changes of %s in (%s, %s]: %d writes wrote %d records", context.root, w.start, w.end,
-             len(w.writes), written.num_rows)
-    if written.num_rows == 0:
-        return out_schema.empty_table()
-    unique = config.keys_unique_across_partitions
-    keys = written["key"].combine_chunks()
-    partitions = None if unique else written["partition"].combine_chunks()
-    as_of_start = view.instant_at(w.start)
-    before = (conformed(live_rows(context, index, keys, partitions, context.view(as_of=as_of_start)),
-                        config.storage_schema) if as_of_start is not None else config.storage_schema.empty_table())
-    after = live_rows(context, index, keys, partitions, end_view)
+    with context.snapshot_kept(w.start):  # what start's snapshot and the window's writes left, while clean keeps it
+        crash_point("changes.read")
+        written = written_records(context, end_view, w, filters, partitions)
+        log.info("changes of %s in (%s, %s]: %d writes wrote %d records", context.root, w.start, w.end,
+                 len(w.writes), written.num_rows)
+        if written.num_rows == 0:
+            return out_schema.empty_table()
+        unique = config.keys_unique_across_partitions
+        keys = written["key"].combine_chunks()
+        partitions = None if unique else written["partition"].combine_chunks()
+        as_of_start = view.instant_at(w.start)
+        before = (conformed(live_rows(context, index, keys, partitions, context.view(as_of=as_of_start)),
+                            config.storage_schema) if as_of_start is not None
+                  else config.storage_schema.empty_table())
+        after = live_rows(context, index, keys, partitions, end_view)
     table = change_records(config, written, before, after)
     if filters:
         table = table.filter(row_mask(table, filters))

@@ -275,6 +275,36 @@ def test_changes_before_what_clean_kept_name_the_earliest_start(tmp_path):
     assert got.to_pylist()[-1]["v"] == "4"
 
 
+def test_changes_overtaken_by_a_clean_in_another_process_say_so(tmp_path, monkeypatch):
+    """A read of changes held after it resolved its window, while another process writes and cleans what the
+    window's start needed (but not what its end needs): a SnapshotExpiredError that says a clean removed the
+    files it read, not a report of a damaged table."""
+    root = str(tmp_path / "t")
+    table = mt.Table.create(root, SCHEMA, "id", table_type="copy_on_write",
+                            options={"clean.retain_commits": 2, "clean.inline": False})
+    start = table.upsert(pa.table({"id": [1, 2], "p": ["a", "b"], "v": ["0", "0"]}).cast(SCHEMA)).instant
+    for v in "12":
+        end = table.upsert(pa.table({"id": [1], "p": ["a"], "v": [v]}).cast(SCHEMA)).instant
+    held = tmp_path / "held"
+    cleaner = subprocess.Popen([sys.executable, "-c", f"""
+import os, time, pyarrow as pa, metatable as mt
+while not os.path.exists({str(held)!r} + ".reached"):
+    time.sleep(0.05)
+t = mt.Table.open({root!r})
+t.upsert(pa.table({{"id": [1, 2], "p": ["a", "b"], "v": ["3", "3"]}}).cast(t.schema))
+assert t.clean() is not None
+open({str(held)!r}, "w").close()
+"""], cwd=ROOT_DIR, env={**os.environ, "PYTHONPATH": ROOT_DIR})
+    monkeypatch.setenv("METATABLE_PAUSE_AT", f"changes.read:{held}")
+    with pytest.raises(SnapshotExpiredError, match=r"a clean removed files of .* while they were read"):
+        table.changes(start)
+    assert cleaner.wait(60) == 0
+    monkeypatch.delenv("METATABLE_PAUSE_AT")
+    assert start < table.context.view().readable_from <= end  # the end's snapshot is still readable
+    with pytest.raises(SnapshotExpiredError, match="the earliest start is"):
+        table.changes(start)
+
+
 def test_retain_hours_keeps_every_commit_of_the_last_hours(tmp_path):
     table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", table_type="copy_on_write",
                             options={"clean.retain_commits": 1, "clean.retain_hours": 1.0})

@@ -22,7 +22,7 @@ from metatable.services.index_build import SpilledEntries
 
 from .table_model import SCHEMA as WRITER_SCHEMA, copy_table
 from .test_changes import INDEXES, run_service
-from .test_indexer import OPTIONS, indexer, succeeded
+from .test_indexer import OPTIONS, indexer, succeeded, wait_for
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("g", pa.int64()), ("h", pa.string()),
                     ("ts", pa.int64())])
@@ -307,26 +307,35 @@ def test_the_async_indexer_builds_one_while_writers_write_and_drops_it(tmp_path,
     root = str(tmp_path / "t")
     table = seeded(root)
     stop = str(tmp_path / "stop")
+    timeline = table.context.timeline
+
+    def two_commits_after(after: str) -> None:  # writers' commits observed, not waited for by the clock
+        wait_for(lambda: sum(i.time > after for i in timeline.completed()) >= 2, timeout=60)
+
+    seeds = timeline.completed()[-1].time
     writers = [indexer(root, "write", str(seed), stop) for seed in (0, 1)]
-    time.sleep(1.0)
-    monkeypatch.setenv("METATABLE_PAUSE_AT", "indexer.built:1")
+    two_commits_after(seeds)
+    monkeypatch.setenv("METATABLE_PAUSE_AT", "indexer.built:1")  # they commit while the build waits
     indexing = table.schedule_indexing(secondary={"by_v": ["v"]})
     table.run_indexing()
-    time.sleep(0.5)  # commits after the index is ready write it themselves
+
+    def written_by_a_commit() -> bool:  # commits after the index is ready write it themselves
+        return any("secondary_index_by_v" in timeline.read_json(i).get("indexes", {})
+                   for i in timeline.completed() if i.time > indexing)
+
+    wait_for(written_by_a_commit, timeout=60)
     open(stop, "w").close()
-    assert all(json.loads(succeeded(w)) > 3 for w in writers)
-    timeline = table.context.timeline
-    during = [i for i in timeline.completed() if i.time > indexing and "indexes" in timeline.read_json(i)]
-    assert any("secondary_index_by_v" in timeline.read_json(i)["indexes"] for i in during)
+    assert all(json.loads(succeeded(w)) > 0 for w in writers)
     check_against_the_data(root, tmp_path, from_scratch=True)
 
     stop = str(tmp_path / "stop-again")
+    before = timeline.completed()[-1].time
     writers = [indexer(root, "write", str(seed), stop) for seed in (2, 3)]
-    time.sleep(1.0)
+    two_commits_after(before)
     assert json.loads(succeeded(indexer(root, "drop", "secondary_index_by_v"))) == []
-    time.sleep(0.5)
+    two_commits_after(timeline.completed()[-1].time)  # they write on after the drop
     open(stop, "w").close()
-    assert all(json.loads(succeeded(w)) > 1 for w in writers)
+    assert all(json.loads(succeeded(w)) > 0 for w in writers)
     table = mt.Table.open(root, options=OPTIONS)
     assert "secondary_index_by_v" not in table.indexes() and table.config.secondary_indexes == {}
     assert table.fsck().healthy

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 import metatable as mt
-from metatable.errors import ConfigError, InvalidInputError
+from metatable.errors import ConfigError, InvalidInputError, SnapshotExpiredError
+from metatable.spark_source import MetatableDataSource
 
 from .table_model import SCHEMA, sort_rows
 
@@ -124,6 +125,30 @@ def test_a_replayed_version_is_skipped(table):
     assert again.instant == older.instant == first.instant and again.updated == 0
     assert table.upsert(batch.set_column(2, "v", pa.array(["other app"])), txn=mt.Txn("other", 0)).updated == 1
     assert {(r["p"], r["id"]): r["v"] for r in table.to_arrow().to_pylist()}[("a", 1)] == "other app"
+
+
+def test_a_spark_task_overtaken_by_a_clean_says_so(tmp_path):
+    """A task that runs after a clean removed the files of the snapshot its read was planned on (a job slower
+    than the clean's retention): the reader's `read`, as an executor calls it, fails with a
+    SnapshotExpiredError that says what happened, not a missing-file report; a batch read and a stream's first
+    batch alike."""
+    t = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts", table_type="copy_on_write",
+                        options={"clean.retain_commits": 1, "clean.inline": False})
+    batch = pa.Table.from_pylist([{"id": i, "p": "ab"[i % 2], "v": "old", "ts": 1} for i in range(20)], schema=SCHEMA)
+    t.upsert(batch)
+    source = MetatableDataSource({"path": t.path})
+    reader = source.reader(source.schema())
+    planned = reader.partitions()
+    stream = source.streamReader(source.schema())
+    first = stream.partitions(stream.initialOffset(), stream.latestOffset())
+    for ts in (2, 3):
+        t.upsert(batch.set_column(3, "ts", pa.array([ts] * 20, pa.int64())))  # rewrites every file group
+    assert t.clean() is not None
+    for read, partition in ((reader.read, planned[0]), (stream.read, first[0])):
+        with pytest.raises(SnapshotExpiredError, match=r"a clean removed files of .* while they were read"):
+            list(read(partition))
+    again = source.reader(source.schema())  # planned anew, the read reads the latest snapshot
+    assert sum(b.num_rows for partition in again.partitions() for b in again.read(partition)) == 20
 
 
 @pytest.mark.slow
