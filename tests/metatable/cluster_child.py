@@ -1,5 +1,4 @@
-"""Child process for the cluster test: the pipeline's Spark steps against a standalone cluster (`pipeline`,
-which the test also runs in its own local session).
+"""Child process for the cluster test: the pipeline's Spark steps against a standalone cluster.
 
 usage: python -m tests.metatable.cluster_child MASTER ROOT DATA_DIR [small]
 DATA_DIR holds load.parquet, upsert.parquet and delete.parquet. Inputs take each path of a Spark write: one
@@ -27,7 +26,7 @@ def python_pid(_: object) -> int:
 
 
 def pipeline(spark, root: str, data: str) -> dict:
-    """The steps on `spark` (the test runs them in its own local session too); the counts each reported."""
+    """The steps on `spark`; the counts each reported."""
     load = spark.read.parquet(os.path.join(data, "load.parquet"))
     # the load's file (~10 MB) is over this limit: the executors read it themselves, tag it and spill it
     table = mt.Table.create(root, arrow_schema_of(load), KEY, "ship_year",
