@@ -7,7 +7,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from hypothesis import strategies as st
 
 from indexes.column_stats import file_column_stats
 from indexes.keys import column_stats_key
@@ -21,11 +20,6 @@ from metatable.timeline.instant import Action
 from metatable.write.write_client import WriteResult
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.string()), ("ts", pa.int64())])
-
-rows_strategy = st.lists(st.fixed_dictionaries({
-    "id": st.integers(0, 15), "p": st.sampled_from(["a", "b", "c"]),
-    "v": st.one_of(st.none(), st.text("xyz", max_size=3)), "ts": st.integers(0, 3)}), min_size=1, max_size=12)
-operation_strategy = st.tuples(st.sampled_from(["upsert", "upsert", "insert", "delete"]), rows_strategy)
 
 
 class TableModel:

@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 import metatable as mt
 
-from .table_model import SCHEMA, TableModel, check_metadata, operation_strategy, sort_rows
+from .strategies import operation_strategy
+from .table_model import SCHEMA, TableModel, check_metadata, sort_rows
 
 INDEXES = ["column_stats", "bloom_filter"]
 

@@ -13,7 +13,8 @@ from metatable.formats.data_log import CODEC_KEY, WHOLE_BLOCK_BYTES, read_data_l
 from metatable.formats.log_file import read_container
 from metatable.storage.local import LocalStorage
 
-from .table_model import SCHEMA as TABLE_SCHEMA, TableModel, operation_strategy, sort_rows
+from .strategies import operation_strategy
+from .table_model import SCHEMA as TABLE_SCHEMA, TableModel, sort_rows
 
 SCHEMA = pa.schema([("i", pa.int64()), ("s", pa.string()), ("d", pa.date32()), ("m", pa.decimal128(10, 2)),
                     ("t", pa.timestamp("us")), ("b", pa.bool_()), ("_mt_record_key", pa.string()),

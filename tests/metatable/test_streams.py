@@ -17,7 +17,8 @@ import metatable as mt
 from metatable.cli import main as cli_main
 from metatable.errors import InvalidInputError
 
-from .table_model import SCHEMA, TableModel, check_counts, operation_strategy, sort_rows
+from .strategies import operation_strategy
+from .table_model import SCHEMA, TableModel, check_counts, sort_rows
 
 INDEXES = {"bucket": mt.IndexConfig(num_buckets=2), "bloom": mt.IndexConfig(type="bloom"),
            "consistent_hashing": mt.IndexConfig(engine="consistent_hashing", num_buckets=2)}

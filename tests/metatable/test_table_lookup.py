@@ -20,7 +20,8 @@ from metatable.read.locator import Explain, MetadataIndex, SliceLocator
 from metatable.table_config import KEY_COLUMN
 from metatable.timeline.instant import Action
 
-from .table_model import SCHEMA, TableModel, operation_strategy, sort_rows
+from .strategies import operation_strategy
+from .table_model import SCHEMA, TableModel, sort_rows
 
 ALL_KEYS = pa.table({"id": [i for i in range(18) for _ in "abc"], "p": [p for _ in range(18) for p in "abc"]})
 

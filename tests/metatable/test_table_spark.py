@@ -17,7 +17,8 @@ from metatable.storage.paths import TablePaths
 from metatable.write.spark_write import (
     dealt, estimated_bytes, explained, gathered, row_group_shares, scanned_parquet_files)
 
-from .table_model import SCHEMA, TableModel, check_counts, check_metadata, operation_strategy, sort_rows
+from .strategies import operation_strategy
+from .table_model import SCHEMA, TableModel, check_counts, check_metadata, sort_rows
 
 DDL = "id long, p string, v string, ts long"
 
