@@ -4,7 +4,7 @@ a table's changes into another through `StreamSink`.
 usage: python -m tests.metatable.change_stream_child write ROOT SEED STOP_FILE
        python -m tests.metatable.change_stream_child copy SOURCE TARGET CHECKPOINT [drain]
 `copy` runs until killed (SIGKILL, or METATABLE_CRASH_AT); with `drain`, it stops once its query has read up to
-the source's settled end after every writer finished, and exits 0.
+the source's settled end after every writer finished, and exits 0 (the test drains in its own session).
 """
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ def write(root: str, seed: int, stop_file: str) -> None:
         time.sleep(rng.uniform(0.1, 0.5))
 
 
-def copy(source: str, target: str, checkpoint: str, drain: bool) -> None:
-    spark = mt.spark_session(master="local[2]", shuffle_partitions=2)
+def copy_changes(spark, source: str, target: str, checkpoint: str, drain: bool) -> None:
+    """The query on `spark`: until killed, or with `drain` until it has read up to the source's settled end (the
+    test drains in its own session)."""
     changes = spark.readStream.format("metatable").option("start", "earliest").load(source) \
         .where("_change_type != 'update_preimage'")
     sink = mt.StreamSink(target, "copy", operation_column="_change_type", delete_values=["delete"],
@@ -60,7 +61,6 @@ def copy(source: str, target: str, checkpoint: str, drain: bool) -> None:
             raise query.exception()
         time.sleep(0.5)
     query.stop()
-    spark.stop()
 
 
 def checkpointed(checkpoint: str, end: str) -> bool:
@@ -80,4 +80,6 @@ if __name__ == "__main__":
     if sys.argv[1] == "write":
         write(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     else:
-        copy(sys.argv[2], sys.argv[3], sys.argv[4], len(sys.argv) > 5 and sys.argv[5] == "drain")
+        session = mt.spark_session(master="local[2]", shuffle_partitions=2)
+        copy_changes(session, sys.argv[2], sys.argv[3], sys.argv[4], len(sys.argv) > 5 and sys.argv[5] == "drain")
+        session.stop()
