@@ -2,9 +2,9 @@
 a table's changes into another through `StreamSink`.
 
 usage: python -m tests.metatable.change_stream_child write ROOT SEED STOP_FILE
-       python -m tests.metatable.change_stream_child copy SOURCE TARGET CHECKPOINT [drain]
-`copy` runs until killed (SIGKILL, or METATABLE_CRASH_AT); with `drain`, it stops once its query has read up to
-the source's settled end after every writer finished, and exits 0 (the test drains in its own session).
+       python -m tests.metatable.change_stream_child copy SOURCE TARGET CHECKPOINT
+`copy` runs until killed (SIGKILL, or METATABLE_CRASH_AT). The test drains the copy in its own session
+(`copy_changes(..., drain=True)`).
 """
 from __future__ import annotations
 
@@ -81,5 +81,5 @@ if __name__ == "__main__":
         write(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     else:
         session = mt.spark_session(master="local[2]", shuffle_partitions=2)
-        copy_changes(session, sys.argv[2], sys.argv[3], sys.argv[4], len(sys.argv) > 5 and sys.argv[5] == "drain")
+        copy_changes(session, sys.argv[2], sys.argv[3], sys.argv[4], drain=False)
         session.stop()
