@@ -1,9 +1,8 @@
 """The README's Python tour and shell sessions run as they stand: each line, pasted into Python or a shell,
 succeeds.
 
-The three run at the same time, each in a process of its own, when the first test asks: much of each is
-waiting (a JVM starting, the object-storage session's own Ceph RGW starting); one after the other they took
-124 s of the suite, together 84 s. (With `test_examples`' script as a fourth, the four took as long as the
+The three run at the same time, each in a process of its own, when the first test asks: one after the other
+they took 124 s of the suite, together 84 s. (With `test_examples`' script as a fourth, the four took as long as the
 three and that one apart.)
 """
 from __future__ import annotations
