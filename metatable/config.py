@@ -13,6 +13,8 @@ from typing import Any, Mapping
 from metatable.errors import ConfigError
 
 THREADS = os.cpu_count() or 2  # threads of an in-process write or get: the Arrow work they do releases the GIL
+# the least `write.parquet.page_size`: each page of a base file but a column chunk's last holds at least this much
+MIN_PAGE_BYTES = 1 << 10
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ OPTIONS: dict[str, Option] = {
                choices=("lz4_raw", "zstd", "snappy", "gzip", "none")),
         Option("write.parquet.page_size", int, 8 << 10,
                "target bytes of a Parquet data page before compression: a key lookup reads one page of the key "
-               "column, so small pages make lookups cheap (docs/design-notes.md)", minimum=1 << 10),
+               "column, so small pages make lookups cheap (docs/design-notes.md)", minimum=MIN_PAGE_BYTES),
         Option("compaction.inline_every", int, 0,
                "merge-on-read: compact every file group that has logs after every N deltacommits (0: never; the "
                "log triggers below compact only the file groups that need it)", minimum=0),

@@ -14,6 +14,7 @@ from indexes.column_stats import file_column_stats
 
 from metatable.file_group.base_file import PARQUET, BaseFile, new_write_token
 from metatable.file_group.markers import mark
+from metatable.file_group.slice_reader import keep_key_column
 from metatable.file_group.written import NO_COUNTS, stats_row
 from metatable.formats.key_pages import nul_free_metadata, write_options
 from metatable.storage.base import Storage
@@ -48,6 +49,8 @@ def write_base_file(storage: Storage, paths: TablePaths, config: TableConfig, in
                    **write_options(rows.column_names, options["write.parquet.compression"],
                                    options["write.parquet.key_compression"], options["write.parquet.page_size"]))
     size = storage.publish(staged, path)
+    if collected:
+        keep_key_column(storage, path, rows[KEY_COLUMN], collected[0])
     indexes = base_file_indexes(config, rows, partition, name, collected[0] if collected else None)
     return stats_row(partition, file_id, name, "base", size, rows.num_rows, NO_COUNTS, indexes)
 

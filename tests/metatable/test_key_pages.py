@@ -1,6 +1,8 @@
 """Page-level key lookups against plain set membership, on files laid out as base files are."""
 from __future__ import annotations
 
+from random import Random
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -9,10 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metatable.errors import CorruptFileError
-from metatable.file_group.slice_reader import base_keys_present, read_base
-from metatable.formats.key_pages import KEYS_NUL_FREE, key_page_count, key_pages, nul_free_metadata, write_options
+from metatable.file_group.base_file_writer import write_base_file
+from metatable.file_group.slice_reader import base_keys_present, key_column, read_base
+from metatable.formats.key_pages import (KEYS_NUL_FREE, key_page_count, key_pages, key_pages_at_most, nul_free_metadata,
+                                         parquet_footer, worth_probing, write_options)
 from metatable.storage.local import LocalStorage
-from metatable.table_config import KEY_COLUMN
+from metatable.storage.paths import TablePaths
+from metatable.table_config import KEY_COLUMN, TableConfig
 
 LOCAL = LocalStorage()
 
@@ -97,6 +102,25 @@ def test_reads_one_page_per_key(tmp_path):
     assert read < column_bytes / 50
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(count=st.integers(1, 6000), seed=st.integers(0, 1 << 16), longest=st.integers(1, 40),
+       page_size=st.sampled_from([1 << 10, 3000, 8 << 10]), row_group_size=st.sampled_from([None, 700]))
+def test_the_footer_bounds_the_key_pages_and_probing_decides_as_the_page_count_says(
+        tmp_path, count, seed, longest, page_size, row_group_size):
+    """Base files as `write_base_file` lays them out, keys of 1 to `longest` characters: the footer's bound is
+    never below the pages the offset indexes count, so deciding from it first changes no decision."""
+    rng = Random(seed)
+    keys = sorted({"".join(rng.choices("ab09é", k=rng.randint(1, longest))) for _ in range(count)})
+    table = pa.table({"payload": pa.array(range(len(keys))), KEY_COLUMN: pa.array(keys, pa.string())})
+    path = str(tmp_path / f"b{next(COUNTER)}.parquet")
+    pq.write_table(table, path, row_group_size=row_group_size,
+                   **write_options(table.column_names, "zstd", "lz4_raw", page_size))
+    pages = key_page_count(LOCAL, path)
+    assert key_pages_at_most(parquet_footer(LOCAL, path).fields) >= pages
+    for keys_probed in {1, pages // 2, pages // 2 + 1, len(keys)}:
+        assert worth_probing(LOCAL, path, keys_probed) == (keys_probed <= pages // 2)
+
+
 def test_files_without_a_usable_page_index_fall_back_to_the_column(tmp_path):
     keys = [f"k{i}" for i in range(50)]
     unsorted = str(tmp_path / "unsorted.parquet")
@@ -153,3 +177,18 @@ def test_read_base_reads_a_file_in_the_table_schema_and_one_that_lacks_a_column(
     pq.write_table(narrow, tmp_path / "narrow.parquet", write_page_checksum=True)
     read = read_base(LOCAL, str(tmp_path / "narrow.parquet"), schema)
     assert read.schema.equals(schema) and read.to_pydict() == {"a": [3], "b": [None], KEY_COLUMN: ["k3"]}
+
+
+@pytest.mark.parametrize("rows", [3, 60_000])  # kept (a small file group's keys), and too large to keep
+def test_the_keys_a_base_file_writer_keeps_are_the_ones_a_read_finds(tmp_path, rows):
+    config = TableConfig(pa.schema([("id", pa.int64()), ("v", pa.string())]), ("id",))
+    ids = pa.array(range(rows, 0, -1), pa.int64())  # unsorted: the writer sorts them
+    table = pa.table([ids, pc.cast(ids, pa.string()), pc.cast(ids, pa.string())], schema=config.storage_schema)
+    written = write_base_file(LOCAL, TablePaths(str(tmp_path)), config, "20260101000000000", "p", "f1-0", table)
+    path = str(tmp_path / "p" / written["file_name"])
+    keys, stored = key_column(LOCAL, path)
+    on_disk = pq.ParquetFile(path)
+    expected = sorted(map(str, range(1, rows + 1)))
+    assert keys.to_pylist() == on_disk.read([KEY_COLUMN])[KEY_COLUMN].to_pylist() == expected
+    leaf = on_disk.schema_arrow.get_field_index(KEY_COLUMN)
+    assert stored == on_disk.metadata.row_group(0).column(leaf).total_compressed_size

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metatable.file_group.record_merge import merge_versions, newest_versions
+from metatable.file_group.slice_reader import keys_of_logs
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
 
 SCHEMA = pa.schema([(KEY_COLUMN, pa.string()), ("ts", pa.int64()), ("v", pa.string())])
@@ -67,6 +68,17 @@ def test_merge_equals_the_model(parts, ordered, shuffle):
     got = {r[KEY_COLUMN]: (r["ts"], r["v"]) for r in merged.to_pylist()}
     assert merged.num_rows == len(got), "one row per key"
     assert got == model(parts, ordering)
+
+
+@settings(max_examples=300, deadline=None)
+@given(logs=st.lists(part, min_size=1, max_size=5), shuffle=st.none() | st.randoms())
+def test_the_keys_of_logs_equal_the_model(logs, shuffle):
+    """Which keys a slice's logs touch and which they leave alive, folded a block at a time, against the
+    merge model over the same blocks (no base, no ordering field: existence only)."""
+    blocks = as_tables([{}, *logs], shuffle)[1:]
+    touched, alive = keys_of_logs(blocks)
+    assert set(touched.to_pylist()) == {k for log in logs for k in log}
+    assert sorted(alive.to_pylist()) == sorted(model([{}, *logs], None))  # each alive key once
 
 
 def test_newest_versions_leaves_deletes_and_repeated_keys_to_the_general_merge():
