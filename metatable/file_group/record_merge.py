@@ -118,10 +118,73 @@ def merge_versions(tables: Sequence[pa.Table], ordering: str | None, schema: pa.
     base = tables[0] if tables else None
     if base is None or DELETED_COLUMN in base.column_names or not base.num_rows or len(tables) < 2:
         return _merged(tables, ordering, schema)
+    if ordering is None or _ranked_as_integers(schema.field(ordering).type):
+        return _over_base(base, tables[1:], ordering, schema)
     touched = pa.chunked_array([t[KEY_COLUMN].cast(pa.string()) for t in tables[1:]], pa.string())
     hit = pc.is_in(base[KEY_COLUMN], value_set=touched.combine_chunks())
     untouched = _conform(base.filter(pc.invert(hit)), schema)
     return pa.concat_tables([untouched, _merged([base.filter(hit), *tables[1:]], ordering, schema)])
+
+
+def _ranked_as_integers(t: pa.DataType) -> bool:
+    """Whether an ordering field's values order as their integers do (`_over_base` ranks them so)."""
+    return (pa.types.is_integer(t) and t != pa.uint64()) or pa.types.is_date(t) or pa.types.is_timestamp(t) \
+        or pa.types.is_duration(t)
+
+
+def _over_base(base: pa.Table, logs: Sequence[pa.Table], ordering: str | None, schema: pa.Schema) -> pa.Table:
+    """`merge_versions` of a base (each key once, no deletes) and its logs, the ordering values integers: the
+    versions of the keys the logs touch ranked with numpy over their positions, then one filter of the base
+    and one take of the logs. The merge rule as `survivors` applies it: a key's versions written at or after
+    its last delete (a log's delete ends the base's version), the greatest ordering value winning (nulls
+    lowest), a tie going to the later write. Fewer Arrow calls than the sort of `_merged`, whatever the number
+    of logs: the workload benchmark's 480 slices, 1.07-1.23 -> 0.83-0.89 ms a slice with one log (a read
+    between compactions), 1.82-2.00 -> 1.09-1.23 ms with four (a compaction's)."""
+    base = _conform(base, schema)
+    full = schema.append(pa.field(DELETED_COLUMN, pa.bool_()))
+    parts = [_conform(log, full) for log in logs if log.num_rows]
+    if not parts:
+        return base
+    versions = pa.concat_tables(parts)
+    seq = np.repeat(np.arange(1, len(parts) + 1), [p.num_rows for p in parts])
+    encoded = pc.dictionary_encode(versions[KEY_COLUMN].combine_chunks())
+    ids, distinct = encoded.indices.to_numpy(), encoded.dictionary
+    deleted = pc.fill_null(versions[DELETED_COLUMN], False).to_numpy().astype(bool)
+    last_delete = np.zeros(len(distinct), dtype=np.int64)  # 0: none (the logs are writes 1, 2, ...)
+    np.maximum.at(last_delete, ids[deleted], seq[deleted])
+    live = np.flatnonzero(~deleted & (seq >= last_delete[ids]))
+    in_logs = pc.index_in(base[KEY_COLUMN], value_set=distinct)  # each base row's key among the logs', or null
+    touched = in_logs.is_valid().to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(touched)
+    row_ids = pc.drop_null(in_logs).to_numpy()
+    alive = last_delete[row_ids] == 0
+    rows, row_ids = rows[alive], row_ids[alive]
+    valid_b, value_b = _ranks(base[ordering].take(pa.array(rows)) if ordering else None, len(rows))
+    valid_l, value_l = _ranks(versions[ordering].take(pa.array(live)) if ordering else None, len(live))
+    key = np.concatenate([row_ids, ids[live]])
+    writes = np.concatenate([np.zeros(len(rows), np.int64), seq[live]])  # the base is write 0
+    order = np.lexsort((writes, np.concatenate([value_b, value_l]), np.concatenate([valid_b, valid_l]), key))
+    last = np.ones(len(order), dtype=bool)  # the last of each key's run ranks highest
+    last[:-1] = key[order][1:] != key[order][:-1]
+    winners = order[last]
+    keep = ~touched
+    keep[rows[winners[winners < len(rows)]]] = True
+    newer = versions.take(pa.array(live[winners[winners >= len(rows)] - len(rows)]))
+    return pa.concat_tables([base.filter(pa.array(keep)), _conform(newer, schema)])
+
+
+def _ranks(values: pa.ChunkedArray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ordering values as numpy arrays: whether each is valid (a null ranks lowest) and its integer (0 for a
+    null). Without an ordering field every version ties, and the later write wins."""
+    if values is None:
+        return np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    integers = pc.fill_null(values.cast(_integer_of(values.type)), 0).to_numpy()
+    return valid, integers.astype(np.int64)
+
+
+def _integer_of(t: pa.DataType) -> pa.DataType:
+    return pa.int32() if pa.types.is_date32(t) else t if pa.types.is_integer(t) else pa.int64()
 
 
 def _merged(tables: Sequence[pa.Table], ordering: str | None, schema: pa.Schema) -> pa.Table:
