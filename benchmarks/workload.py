@@ -11,9 +11,12 @@ says so, update when the change's `updated_at` is later, insert the rest), both 
 After the batches both must equal the expected state, which is computed apart from either, in numpy.
 
 Steps, one JSON line each (seconds; rows): `load`, `batches` (all of them: total, first, last, slowest),
-`full_read`, `day_read` (a filter on one `order_date`), `get_1000` (full rows of 1,000 live orders: metatable's
-`get`, delta-rs an `isin` scan), then `ratio` lines (delta-rs's time over metatable's: above 1, metatable is
-faster) and `target` lines (issue 42's acceptance, met or not).
+`full_read`, `day_read` (a filter on one `order_date`), `get_1000` (full rows of 1,000 live orders:
+metatable's `get`, delta-rs an `isin` scan), `new_process_batch` (one more batch, applied by a new process as
+a scheduled job applies its batch: the table's open and the write, timed in that process after its imports)
+and `full_read_after` (the full read again: on metatable every file group now has a log to merge), then
+`ratio` lines (delta-rs's time over metatable's: above 1, metatable is faster) and `target` lines (issue
+42's acceptance, met or not).
 
     python benchmarks/workload.py [--rows 1500000] [--days 120] [--batches 20] [--systems metatable,delta]
 """
@@ -24,6 +27,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +36,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -127,10 +132,17 @@ def same_rows(got: pa.Table, expected: pa.Table) -> bool:
 class Metatable:
     name = "metatable"
 
-    def __init__(self, root: str, buckets: int, options: dict[str, Any]) -> None:
-        self.table = mt.Table.create(root, SCHEMA, "order_id", "order_date", "updated_at",
-                                     table_type="merge_on_read", index=mt.IndexConfig(num_buckets=buckets),
-                                     options=options)
+    def __init__(self, table: mt.Table) -> None:
+        self.table = table
+
+    @classmethod
+    def create(cls, root: str, buckets: int, options: dict[str, Any]) -> Metatable:
+        return cls(mt.Table.create(root, SCHEMA, "order_id", "order_date", "updated_at", table_type="merge_on_read",
+                                   index=mt.IndexConfig(num_buckets=buckets), options=options))
+
+    @classmethod
+    def open(cls, root: str) -> Metatable:
+        return cls(mt.Table.open(root))
 
     def load(self, rows: pa.Table) -> None:
         self.table.bulk_insert(rows)
@@ -151,8 +163,16 @@ class Metatable:
 class Delta:
     name = "delta"
 
-    def __init__(self, root: str, buckets: int, options: dict[str, Any]) -> None:
+    def __init__(self, root: str) -> None:
         self.root = root
+
+    @classmethod
+    def create(cls, root: str, buckets: int, options: dict[str, Any]) -> Delta:
+        return cls(root)
+
+    @classmethod
+    def open(cls, root: str) -> Delta:
+        return cls(root)
 
     def load(self, rows: pa.Table) -> None:
         from deltalake import write_deltalake
@@ -198,9 +218,9 @@ def run(system: str, args: argparse.Namespace, workdir: str) -> None:
     root = os.path.join(workdir, system)
     shutil.rmtree(root, ignore_errors=True)
     rng = np.random.default_rng(args.seed)  # every system gets the same data
-    capacity = args.rows + args.batches * args.inserts
+    capacity = args.rows + (args.batches + 1) * args.inserts
     orders = Orders(args.rows, args.days, capacity, rng)
-    target = kind(root, args.buckets, options)
+    target = kind.create(root, args.buckets, options)
     initial = orders.expected()
     timed(system, "load", initial.num_rows, lambda: target.load(initial))
     batches = [orders.batch(i, args.updates, args.inserts, args.deletes) for i in range(args.batches)]
@@ -229,13 +249,41 @@ def run(system: str, args: argparse.Namespace, workdir: str) -> None:
     wanted = expected.filter(pc.is_in(expected["order_id"], value_set=ids))
     got = timed(system, "get_1000", wanted.num_rows, lambda: target.get(ids))
     check(same_rows(got, wanted), f"{system}: get returned other rows")
+    last = orders.batch(args.batches, args.updates, args.inserts, args.deletes)
+    RESULTS[(system, "new_process_batch")] = seconds = in_a_new_process(system, root, last, workdir)
+    emit(system=system, step="new_process_batch", rows=last.num_rows, seconds=round(seconds, 3))
+    expected = orders.expected()
+    full = timed(system, "full_read_after", expected.num_rows, target.read)
+    check(same_rows(full, expected), f"{system}: the full read after the last batch differs")
+
+
+def in_a_new_process(system: str, root: str, batch: pa.Table, workdir: str) -> float:
+    """The seconds a new process takes to open the table and apply `batch` (`apply_in_this_process`)."""
+    path = os.path.join(workdir, f"{system}-batch.parquet")
+    pq.write_table(batch, path)
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--apply-batch", system, root, path],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{system}: the batch in a new process failed:\n{done.stderr[-3000:]}")
+    return float(done.stdout.split()[-1])
+
+
+def apply_in_this_process(system: str, root: str, path: str) -> None:
+    """The child of `in_a_new_process`: prints the seconds of the open and the write, its imports done."""
+    import deltalake  # noqa: F401  (both systems' modules loaded before the clock starts)
+    import metatable.table  # noqa: F401  (`mt.Table` loads the facade's modules on first use)
+
+    batch = pq.read_table(path)
+    started = time.perf_counter()
+    SYSTEMS[system][0].open(root).apply(batch)
+    print(time.perf_counter() - started)
 
 
 def verdict(systems: list[str]) -> None:
     if "delta" not in systems:
         return
     for system in (s for s in systems if s != "delta"):
-        for step in ("load", "batches", "full_read", "day_read", "get_1000"):
+        for step in ("load", "batches", "full_read", "day_read", "get_1000", "new_process_batch", "full_read_after"):
             if (system, step) in RESULTS:
                 emit(kind="ratio", system=system, step=step,
                      delta_over_metatable=round(RESULTS[("delta", step)] / RESULTS[(system, step)], 2))
@@ -262,7 +310,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--systems", default="metatable,delta")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--apply-batch", nargs=3, metavar=("SYSTEM", "ROOT", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.apply_batch:
+        apply_in_this_process(*args.apply_batch)
+        return
     systems = args.systems.split(",")
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
