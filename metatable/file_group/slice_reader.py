@@ -12,7 +12,7 @@ from indexes.arrow_buffers import string_buffers
 
 from metatable.errors import CorruptFileError, naming_damage
 from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.record_merge import merge_versions
+from metatable.file_group.record_merge import merge_slices, merge_versions
 from metatable.formats.data_log import read_data_log
 from metatable.formats.key_pages import (ParquetFooter, footer_fields, key_pages, parquet_footer, tail_of,
                                          worth_probing)
@@ -169,13 +169,25 @@ def content_version(storage: Storage, path: str) -> str:
 def read_slice(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice | None,
                read_optimized: bool = False) -> pa.Table:
     """Every live row of the slice in the storage schema (base only when `read_optimized`)."""
+    return read_slices(storage, paths, config, [fs] if fs else [], read_optimized)
+
+
+def read_slices(storage: Storage, paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice],
+                read_optimized: bool = False) -> pa.Table:
+    """Every live row of several slices in the storage schema, the slices with logs merged at once
+    (`merge_slices`: a read of many small slices between compactions pays each merge step once)."""
     schema = config.storage_schema
-    path = base_path(paths, fs) if fs else None
-    base = read_base(storage, path, schema, known=config.known_columns) if path else schema.empty_table()
-    if read_optimized or fs is None or not fs.logs:
-        return base
-    logs = log_tables(storage, paths, config, fs, config.log_schema.names)
-    return merge_versions([base, *logs], config.ordering_field, schema)
+    plain, versions = [], []
+    for fs in slices:
+        path = base_path(paths, fs)
+        base = read_base(storage, path, schema, known=config.known_columns) if path else schema.empty_table()
+        if read_optimized or not fs.logs:
+            plain.append(base)
+        else:
+            versions.append([base, *log_tables(storage, paths, config, fs, config.log_schema.names)])
+    if versions:
+        plain.append(merge_slices(versions, config.ordering_field, schema))
+    return pa.concat_tables(plain) if len(plain) > 1 else plain[0] if plain else schema.empty_table()
 
 
 _INT_TYPES = (1, 2)  # Parquet's INT32 and INT64 physical types

@@ -19,7 +19,7 @@ from metatable.commit.timeline_view import TimelineView
 from metatable.config import THREADS
 from metatable.errors import InvalidInputError
 from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.slice_reader import base_metadata, read_slice
+from metatable.file_group.slice_reader import base_metadata, read_slices
 from metatable.formats.data_log import log_row_count
 from metatable.read.changes import written_since
 from metatable.read.key_lookup import KeysBySlice, candidate_slices, live_rows, slice_rows
@@ -145,27 +145,29 @@ def filtered(context: TableContext, view: TimelineView, filter: Any) -> pa.Table
 
 
 def slice_tables(context: TableContext, plan: ScanPlan, columns: Sequence[str] | None = None,
-                 read_optimized: bool = False, threads: int = 1) -> Iterator[pa.Table]:
-    """The plan's rows, one file slice at a time, in the plan's order: merged, filtered, projected. With
-    `threads`, slices are read that many at a time, up to twice as many ahead of the caller (decoding,
-    merging and filtering release the GIL); with one, a slice is read when the caller gets to it (a stream
-    holds one slice, not the table)."""
+                 read_optimized: bool = False, threads: int = 1, together: int = 1) -> Iterator[pa.Table]:
+    """The plan's rows, `together` file slices at a time (merged at once: `read_slices`), in the plan's order:
+    merged, filtered, projected. With `threads`, that many are read at a time, up to twice as many ahead of
+    the caller (decoding, merging and filtering release the GIL); with one, when the caller gets to them (a
+    stream of one slice at a time holds one slice, not the table)."""
     out, config = plan.projected(columns)
 
-    def read(fs: FileSlice) -> pa.Table:
+    def read(slices: list[FileSlice]) -> pa.Table:
         if plan.keys is not None:
-            rows = slice_rows(context, config, [(fs, plan.keys[fs.partition, fs.file_id])], read_optimized)[0]
+            wanted = [(fs, plan.keys[fs.partition, fs.file_id]) for fs in slices]
+            rows = pa.concat_tables(slice_rows(context, config, wanted, read_optimized))
         else:
-            rows = read_slice(context.storage, context.paths, config, fs, read_optimized)
+            rows = read_slices(context.storage, context.paths, config, slices, read_optimized)
         return matched(plan, rows, out)
 
-    if threads < 2 or len(plan.slices) < 2:
-        yield from map(read, plan.slices)
+    tasks = [plan.slices[i:i + together] for i in range(0, len(plan.slices), together)]
+    if threads < 2 or len(tasks) < 2:
+        yield from map(read, tasks)
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="metatable-read") as pool:
         ahead: collections.deque[Future[pa.Table]] = collections.deque()
-        for fs in plan.slices:
-            ahead.append(pool.submit(read, fs))
+        for task in tasks:
+            ahead.append(pool.submit(read, task))
             if len(ahead) > 2 * threads:
                 yield ahead.popleft().result()
         while ahead:
@@ -177,19 +179,25 @@ def matched(plan: ScanPlan, rows: pa.Table, out: pa.Schema) -> pa.Table:
     return (rows.filter(row_mask(rows, plan.filters)) if plan.filters else rows).select(out.names)
 
 
+MERGED_TOGETHER = 32  # file slices a read task merges at once, at most (`to_arrow`)
+
+
 def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False,
              columns: Sequence[str] | None = None) -> pa.Table:
     """The plan's rows, its slices read THREADS at a time: a full read of the workload benchmark's 480 slices
     (1.69M rows, four logs each) took 1.88 s on one thread, 1.42 s on two (best of three; the per-slice
-    Python work holds the GIL). A secondary index's plan reads its records' rows from all its slices at once,
-    as `get` does (`key_lookup.slice_rows`). Allocated from the bulk pool (`arrow_memory`), as a write's are."""
+    Python work holds the GIL). Up to MERGED_TOGETHER slices a task, merged at once, with at least four
+    tasks a thread so that large slices still spread over the threads. A secondary index's plan reads its
+    records' rows from all its slices at once, as `get` does (`key_lookup.slice_rows`). Allocated from the
+    bulk pool (`arrow_memory`), as a write's are."""
     with bulk_memory():
         if plan.keys is not None:
             out, config = plan.projected(columns)
             wanted = [(fs, plan.keys[fs.partition, fs.file_id]) for fs in plan.slices]
             tables = [matched(plan, rows, out) for rows in slice_rows(context, config, wanted, read_optimized)]
         else:
-            tables = list(slice_tables(context, plan, columns, read_optimized, THREADS))
+            together = min(MERGED_TOGETHER, max(1, len(plan.slices) // (4 * THREADS)))
+            tables = list(slice_tables(context, plan, columns, read_optimized, THREADS, together))
     return pa.concat_tables(tables) if tables else plan.projected(columns)[0].empty_table()
 
 

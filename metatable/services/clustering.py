@@ -51,7 +51,7 @@ from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET
 from metatable.file_group.base_file_writer import write_base_file
 from metatable.file_group.file_slice import FileSlice, by_completion, latest_slice, parse_names
-from metatable.file_group.slice_reader import base_metadata, read_slice
+from metatable.file_group.slice_reader import base_metadata, read_slices
 from metatable.file_group.written import WrittenFile, written_files
 from metatable.formats.clustering_plan import REHASH, Candidate, ClusteringPlan, Group, Limits, SliceRef, plan_groups
 from metatable.formats.log_file import LogFile
@@ -374,8 +374,8 @@ def rewrite_group(storage: Storage, paths: TablePaths, config: TableConfig, inst
     plain = [paths.file(fs.partition, fs.base.file_name) for fs in slices if fs.base and not fs.logs]
     tables = [ds.dataset(plain, schema=config.storage_schema, format=PARQUET,
                          filesystem=storage.arrow_filesystem()).to_table()] if plain else []
-    tables += [read_slice(storage, paths, config, fs).cast(config.storage_schema)  # merged on read
-               for fs in slices if fs.logs]
+    if merged := [fs for fs in slices if fs.logs]:  # merged on read, at once
+        tables.append(read_slices(storage, paths, config, merged).cast(config.storage_schema))
     # measured at SF 1 (101 files, 6M rows): one dataset scan reads the files in parallel, and takes from
     # contiguous columns cost half of takes from 101 chunks
     rows = pa.concat_tables(tables).combine_chunks()
