@@ -117,20 +117,18 @@ def merge_versions(tables: Sequence[pa.Table], ordering: str | None, schema: pa.
         return newest
     if not _has_plain_base(tables):
         return _merged(tables, ordering, schema)
-    return _over_bases([tables], ordering, schema)
+    return _over_bases([tables], ordering, schema)[0]
 
 
-def merge_slices(slices: Sequence[Sequence[pa.Table]], ordering: str | None, schema: pa.Schema) -> pa.Table:
-    """`merge_versions` of several file slices at once (each a base, then its logs in write order): every
-    slice's rows together, in no particular order. The slices with a plain base are ranked in one pass, their
-    keys kept apart by slice, so a read of many small slices pays each Arrow and numpy call once, not once a
-    slice: the workload benchmark's 480 slices with one log each, 0.31-0.32 s merged one at a time, 0.14-0.16 s
-    32 at a time."""
+def merge_each(slices: Sequence[Sequence[pa.Table]], ordering: str | None, schema: pa.Schema) -> list[pa.Table]:
+    """`merge_versions` of several file slices at once (each a base, then its logs in write order): each
+    slice's rows, in no particular order. The slices with a plain base are ranked in one pass, their keys kept
+    apart by slice, so a read or a compaction of many small slices pays each Arrow and numpy call once, not
+    once a slice: the workload benchmark's 480 slices with one log each, 0.31-0.32 s merged one at a time,
+    0.14-0.16 s 32 at a time."""
     plain = [tables for tables in slices if _has_plain_base(tables)]
-    merged = [merge_versions(tables, ordering, schema) for tables in slices if not _has_plain_base(tables)]
-    if plain:
-        merged.append(_over_bases(plain, ordering, schema))
-    return pa.concat_tables(merged) if merged else schema.empty_table()
+    ranked = iter(_over_bases(plain, ordering, schema) if plain else [])
+    return [next(ranked) if _has_plain_base(tables) else merge_versions(tables, ordering, schema) for tables in slices]
 
 
 def _has_plain_base(tables: Sequence[pa.Table]) -> bool:
@@ -138,10 +136,10 @@ def _has_plain_base(tables: Sequence[pa.Table]) -> bool:
     return bool(tables) and tables[0].num_rows > 0 and DELETED_COLUMN not in tables[0].column_names
 
 
-def _over_bases(slices: Sequence[Sequence[pa.Table]], ordering: str | None, schema: pa.Schema) -> pa.Table:
-    """`merge_slices` of slices whose base is plain (`_has_plain_base`): the versions of the keys the logs
+def _over_bases(slices: Sequence[Sequence[pa.Table]], ordering: str | None, schema: pa.Schema) -> list[pa.Table]:
+    """`merge_each` of slices whose base is plain (`_has_plain_base`): the versions of the keys the logs
     touch ranked with numpy over their positions (the ordering values as their dense ranks), then one filter
-    of the bases and one take of the logs. A key is its slice's number and its place among the logs' keys, so
+    of each base and one take of the logs. A key is its slice's number and its place among the logs' keys, so
     one slice's key never meets another's. The merge rule as `survivors` applies it: a key's versions written
     at or after its last delete (a log's delete ends the base's version), the greatest ordering value winning
     (nulls lowest), a tie going to the later write. Fewer Arrow calls than the sort of `_merged`, whatever the
@@ -150,17 +148,17 @@ def _over_bases(slices: Sequence[Sequence[pa.Table]], ordering: str | None, sche
     (`TableConfig.log_schema`, the delete flag not null), so they are not rebuilt to another schema."""
     full = schema.append(pa.field(DELETED_COLUMN, pa.bool_(), nullable=False))
     bases = [_conform(tables[0], schema) for tables in slices]
-    base = pa.concat_tables(bases) if len(bases) > 1 else bases[0]
     parts = [(n, _conform(log, full)) for n, tables in enumerate(slices) for log in tables[1:] if log.num_rows]
     if not parts:
-        return base
+        return bases
+    base = pa.concat_tables(bases) if len(bases) > 1 else bases[0]
     versions = pa.concat_tables([log for _, log in parts]) if len(parts) > 1 else parts[0][1]
     counts = [log.num_rows for _, log in parts]
+    owners = np.repeat([n for n, _ in parts], counts)  # each version's slice
     seq = np.repeat(np.arange(1, len(parts) + 1), counts)  # write numbers: in order within each slice
     encoded = pc.dictionary_encode(versions[KEY_COLUMN].combine_chunks())
     distinct = encoded.dictionary
-    slice_keys = np.repeat([n for n, _ in parts], counts) * len(distinct) + encoded.indices.to_numpy()
-    keys, ids = np.unique(slice_keys, return_inverse=True)  # each version's key among the logs' (slice, key)s
+    keys, ids = np.unique(owners * len(distinct) + encoded.indices.to_numpy(), return_inverse=True)
     flags = versions[DELETED_COLUMN]
     deleted = (pc.fill_null(flags, False) if flags.null_count else flags).to_numpy().astype(bool)
     last_delete = np.zeros(len(keys), dtype=np.int64)  # 0: none (the logs are writes 1, 2, ...)
@@ -168,8 +166,8 @@ def _over_bases(slices: Sequence[Sequence[pa.Table]], ordering: str | None, sche
     live = np.flatnonzero(~deleted & (seq >= last_delete[ids]))
     in_logs = pc.index_in(base[KEY_COLUMN], value_set=distinct)  # each base row's key among the logs', or null
     rows = np.flatnonzero(in_logs.is_valid().to_numpy(zero_copy_only=False))
-    base_keys = np.repeat(np.arange(len(bases)), [b.num_rows for b in bases])[rows] * len(distinct) \
-        + pc.drop_null(in_logs).to_numpy()
+    bounds = np.cumsum([0, *(b.num_rows for b in bases)])  # each slice's rows of `base`
+    base_keys = (np.searchsorted(bounds, rows, side="right") - 1) * len(distinct) + pc.drop_null(in_logs).to_numpy()
     row_ids = np.minimum(np.searchsorted(keys, base_keys), len(keys) - 1)
     mine = keys[row_ids] == base_keys  # the key is in its own slice's logs
     rows, row_ids = rows[mine], row_ids[mine]
@@ -188,9 +186,12 @@ def _over_bases(slices: Sequence[Sequence[pa.Table]], ordering: str | None, sche
     winners = order[last]
     keep = ~touched
     keep[rows[winners[winners < len(rows)]]] = True
-    chosen = live[winners[winners >= len(rows)] - len(rows)]  # distinct rows of the logs: all of them, or a take
-    newer = versions if len(chosen) == versions.num_rows else versions.take(pa.array(chosen))
-    return pa.concat_tables([_filtered(base, keep), newer.drop_columns(DELETED_COLUMN)])
+    chosen = np.sort(live[winners[winners >= len(rows)] - len(rows)])  # distinct rows of the logs, by slice
+    newer = (versions if len(chosen) == versions.num_rows else versions.take(pa.array(chosen))) \
+        .drop_columns(DELETED_COLUMN)
+    ends = np.searchsorted(chosen, np.searchsorted(owners, np.arange(len(bases) + 1)))  # each slice's of `newer`
+    return [pa.concat_tables([_filtered(b, keep[bounds[n]:bounds[n + 1]]), newer.slice(ends[n], ends[n + 1] - ends[n])])
+            for n, b in enumerate(bases)]
 
 
 def _filtered(table: pa.Table, mask: np.ndarray) -> pa.Table:

@@ -12,7 +12,7 @@ from indexes.arrow_buffers import string_buffers
 
 from metatable.errors import CorruptFileError, naming_damage
 from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.record_merge import merge_slices, merge_versions
+from metatable.file_group.record_merge import merge_each, merge_versions
 from metatable.formats.data_log import read_data_log
 from metatable.formats.key_pages import (ParquetFooter, footer_fields, key_pages, parquet_footer, tail_of,
                                          worth_probing)
@@ -174,22 +174,43 @@ def read_slice(storage: Storage, paths: TablePaths, config: TableConfig, fs: Fil
     return read_slices(storage, paths, config, [fs] if fs else [], read_optimized)
 
 
+MERGED_TOGETHER = 32  # file slices a read or compaction task merges at once, at most
+MERGED_ROWS = 1 << 17  # and the base rows they may hold: a slice larger than a few thousand rows gains nothing
+
+
 def read_slices(storage: Storage, paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice],
                 read_optimized: bool = False) -> pa.Table:
-    """Every live row of several slices in the storage schema, the slices with logs merged at once
-    (`merge_slices`: a read of many small slices between compactions pays each merge step once)."""
+    """Every live row of the slices together, as `read_each` reads them."""
+    each = [rows for group in read_each(storage, paths, config, slices, read_optimized) for rows in group]
+    return pa.concat_tables(each) if len(each) > 1 else each[0] if each else config.storage_schema.empty_table()
+
+
+def read_each(storage: Storage, paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice],
+              read_optimized: bool = False, budget: int = MERGED_ROWS) -> Iterator[list[pa.Table]]:
+    """Every live row of each slice in the storage schema (base only when `read_optimized`), a list per
+    group of slices in their order: the slices with logs of a group are merged at once (`merge_each`: a read
+    or a compaction of many small slices pays each merge step once), and a group closes once its bases hold
+    `budget` rows, so that a reader holds no more than that and one slice."""
     schema = config.storage_schema
-    plain, versions = [], []
+    group: list[list[pa.Table]] = []
+    held = 0
     for fs in slices:
         path = base_path(paths, fs)
         base = read_base(storage, path, schema, known=config.known_columns) if path else schema.empty_table()
-        if read_optimized or not fs.logs:
-            plain.append(base)
-        else:
-            versions.append([base, *log_tables(storage, paths, config, fs, config.log_schema.names)])
-    if versions:
-        plain.append(merge_slices(versions, config.ordering_field, schema))
-    return pa.concat_tables(plain) if len(plain) > 1 else plain[0] if plain else schema.empty_table()
+        logs = [] if read_optimized or not fs.logs else log_tables(storage, paths, config, fs, config.log_schema.names)
+        group.append([base, *logs])
+        held += base.num_rows
+        if held >= budget:
+            yield merge_each(group, config.ordering_field, schema)
+            group, held = [], 0
+    if group:
+        yield merge_each(group, config.ordering_field, schema)
+
+
+def task_size(slices: int, threads: int) -> int:
+    """How many of `slices` file slices a task of `threads` reads and merges at once: up to MERGED_TOGETHER,
+    with at least four tasks a thread, so that large slices still spread over the threads."""
+    return min(MERGED_TOGETHER, max(1, slices // (4 * threads)))
 
 
 _INT_TYPES = (1, 2)  # Parquet's INT32 and INT64 physical types

@@ -19,7 +19,7 @@ from metatable.commit.timeline_view import TimelineView
 from metatable.config import THREADS
 from metatable.errors import InvalidInputError
 from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.slice_reader import base_metadata, read_slices
+from metatable.file_group.slice_reader import base_metadata, read_slices, task_size
 from metatable.formats.data_log import log_row_count
 from metatable.read.changes import written_since
 from metatable.read.key_lookup import KeysBySlice, candidate_slices, live_rows, slice_rows
@@ -179,25 +179,22 @@ def matched(plan: ScanPlan, rows: pa.Table, out: pa.Schema) -> pa.Table:
     return (rows.filter(row_mask(rows, plan.filters)) if plan.filters else rows).select(out.names)
 
 
-MERGED_TOGETHER = 32  # file slices a read task merges at once, at most (`to_arrow`)
-
-
 def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False,
              columns: Sequence[str] | None = None) -> pa.Table:
     """The plan's rows, its slices read THREADS at a time: a full read of the workload benchmark's 480 slices
     (1.69M rows, four logs each) took 1.88 s on one thread, 1.42 s on two (best of three; the per-slice
-    Python work holds the GIL). Up to MERGED_TOGETHER slices a task, merged at once, with at least four
-    tasks a thread so that large slices still spread over the threads. A secondary index's plan reads its
-    records' rows from all its slices at once, as `get` does (`key_lookup.slice_rows`). Allocated from the
-    bulk pool (`arrow_memory`), as a write's are."""
+    Python work holds the GIL). Several small slices a task, merged at once (`task_size`; with one log
+    each, 1.28-1.41 s before, 0.58-0.84 s so). A secondary index's plan reads its records' rows from all its
+    slices at once, as `get` does (`key_lookup.slice_rows`). Allocated from the bulk pool (`arrow_memory`), as
+    a write's are."""
     with bulk_memory():
         if plan.keys is not None:
             out, config = plan.projected(columns)
             wanted = [(fs, plan.keys[fs.partition, fs.file_id]) for fs in plan.slices]
             tables = [matched(plan, rows, out) for rows in slice_rows(context, config, wanted, read_optimized)]
         else:
-            together = min(MERGED_TOGETHER, max(1, len(plan.slices) // (4 * THREADS)))
-            tables = list(slice_tables(context, plan, columns, read_optimized, THREADS, together))
+            tables = list(slice_tables(context, plan, columns, read_optimized, THREADS,
+                                       task_size(len(plan.slices), THREADS)))
     return pa.concat_tables(tables) if tables else plan.projected(columns)[0].empty_table()
 
 

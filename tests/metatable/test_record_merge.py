@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metatable.file_group.record_merge import merge_slices, merge_versions, newest_versions
+from metatable.file_group.record_merge import merge_each, merge_versions, newest_versions
 from metatable.file_group.slice_reader import keys_of_logs
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
 
@@ -90,20 +90,19 @@ def test_merge_equals_the_model(parts, ordered, shuffle, ordering_type):
 @given(slices=st.lists(st.lists(part, min_size=1, max_size=4), min_size=1, max_size=5), ordered=st.booleans(),
        shuffle=st.none() | st.randoms())
 def test_slices_merged_together_equal_the_model_of_each(slices, ordered, shuffle):
-    """Several slices merged at once (`merge_slices`, as a read of many slices does), their keys drawn from
-    one alphabet so that slices share keys: each slice's rows are its own merge. A slice whose base is empty
-    takes the general merge, the others are ranked together."""
+    """Several slices merged at once (`merge_each`, as a read or a compaction of many slices does), their keys
+    drawn from one alphabet so that slices share keys: each slice's rows are its own merge, in its own table.
+    A slice whose base is empty takes the general merge, the others are ranked together."""
     ordering = "ts" if ordered else None
-    schema = SCHEMA.append(pa.field("slice", pa.int64()))
-    versions = []
-    for n, parts in enumerate(slices):
+    for parts in slices:
         parts[0] = {k: {**r, DELETED_COLUMN: False, "reset": False} for k, r in parts[0].items()}
-        versions.append([t.append_column("slice", pa.array([n] * t.num_rows, pa.int64()))
-                         for t in as_tables(parts, shuffle)])
-    merged = merge_slices(versions, ordering, schema)
-    got = {(r["slice"], r[KEY_COLUMN]): (r["ts"], r["v"]) for r in merged.to_pylist()}
-    assert merged.num_rows == len(got), "one row per key of a slice"
-    assert got == {(n, k): row for n, parts in enumerate(slices) for k, row in model(parts, ordering).items()}
+    versions = [as_tables(parts, shuffle) for parts in slices]
+    merged = merge_each(versions, ordering, SCHEMA)
+    assert len(merged) == len(slices)
+    for parts, rows in zip(slices, merged):
+        got = {r[KEY_COLUMN]: (r["ts"], r["v"]) for r in rows.to_pylist()}
+        assert rows.num_rows == len(got), "one row per key"
+        assert got == model(parts, ordering)
 
 
 @settings(max_examples=300, deadline=None)
