@@ -1,7 +1,7 @@
 """Snapshot reads as DataFrames: base files that need no merge go to Spark's own Parquet reader (on a file
 system: Spark reaches an object store only through Hadoop's S3 connector, which the stock pyspark package
 lacks); file slices with logs, and every slice on an object store, are read by `mapInArrow` tasks through the
-table's storage, one slice at a time."""
+table's storage, small slices merged several at once (`read_each`)."""
 from __future__ import annotations
 
 from functools import partial
@@ -10,7 +10,7 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 
 from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.slice_reader import base_path, read_slice
+from metatable.file_group.slice_reader import base_path, read_each
 from metatable.spark.session import to_spark_schema
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
@@ -21,8 +21,10 @@ def _read_slices(storage: Storage, paths: TablePaths, config: TableConfig, slice
                  read_optimized: bool, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     names = config.schema.names
     for batch in batches:
-        for index in batch.column(0).to_pylist():
-            yield from read_slice(storage, paths, config, slices[index], read_optimized).select(names).to_batches()
+        chosen = [slices[index] for index in batch.column(0).to_pylist()]
+        for group in read_each(storage, paths, config, chosen, read_optimized):
+            for rows in group:
+                yield from rows.select(names).to_batches()
 
 
 def read_dataframe(spark, storage: Storage, paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice],
