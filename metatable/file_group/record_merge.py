@@ -196,7 +196,9 @@ def _over_bases(slices: Sequence[Sequence[pa.Table]], ordering: str | None, sche
 
 def _filtered(table: pa.Table, mask: np.ndarray) -> pa.Table:
     """`table.filter(mask)`, a record batch at a time: the table's filter dispatches per column and chunk, 195 us
-    against 128 us for a workload slice of 3,447 rows and 8 columns."""
+    against 128 us for a workload slice of 3,447 rows and 8 columns. A mask that keeps every row copies none."""
+    if mask.all():
+        return table
     batches = table.to_batches()
     parts = np.split(mask, np.cumsum([b.num_rows for b in batches[:-1]]))
     return pa.Table.from_batches([b.filter(pa.array(m)) for b, m in zip(batches, parts)], schema=table.schema)
