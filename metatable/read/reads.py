@@ -184,7 +184,7 @@ def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False
     """The plan's rows, its slices read THREADS at a time: a full read of the workload benchmark's 480 slices
     (1.69M rows, four logs each) took 1.88 s on one thread, 1.42 s on two (best of three; the per-slice
     Python work holds the GIL). Several small slices a task, merged at once (`task_size`; with one log
-    each, 1.28-1.41 s before, 0.58-0.84 s so). A secondary index's plan reads its records' rows from all its
+    each, 1.28-1.49 s before, 0.66-0.74 s so). A secondary index's plan reads its records' rows from all its
     slices at once, as `get` does (`key_lookup.slice_rows`). Allocated from the bulk pool (`arrow_memory`), as
     a write's are."""
     with bulk_memory():
