@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from metatable.schema_evolution import in_schema
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN
 
 SEQ_COLUMN = "_mt_seq"
@@ -147,8 +148,8 @@ def _over_bases(slices: Sequence[Sequence[pa.Table]], ordering: str | None, sche
     read between compactions), 1.81-2.27 -> 0.92-1.03 ms with four (a compaction's). Logs come as they are read
     (`TableConfig.log_schema`, the delete flag not null), so they are not rebuilt to another schema."""
     full = schema.append(pa.field(DELETED_COLUMN, pa.bool_(), nullable=False))
-    bases = [_conform(tables[0], schema) for tables in slices]
-    parts = [(n, _conform(log, full)) for n, tables in enumerate(slices) for log in tables[1:] if log.num_rows]
+    bases = [in_schema(tables[0], schema) for tables in slices]
+    parts = [(n, in_schema(log, full)) for n, tables in enumerate(slices) for log in tables[1:] if log.num_rows]
     if not parts:
         return bases
     base = pa.concat_tables(bases) if len(bases) > 1 else bases[0]
@@ -220,16 +221,8 @@ def _merged(tables: Sequence[pa.Table], ordering: str | None, schema: pa.Schema)
     if not parts:
         return schema.empty_table()
     full = schema.append(pa.field(DELETED_COLUMN, pa.bool_())).append(pa.field(SEQ_COLUMN, pa.int64()))
-    combined = pa.concat_tables([_conform(p, full) for p in parts])
+    combined = pa.concat_tables([in_schema(p, full) for p in parts])
     return survivors(combined, ordering).select(schema.names)
-
-
-def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    if table.schema.equals(schema):
-        return table
-    present = set(table.column_names)  # `column_names` builds a list each time it is asked
-    cols = [table[f.name] if f.name in present else pa.nulls(table.num_rows, f.type) for f in schema]
-    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def newest_versions(parts: Sequence[pa.Table], schema: pa.Schema) -> pa.Table | None:
@@ -248,7 +241,7 @@ def newest_versions(parts: Sequence[pa.Table], schema: pa.Schema) -> pa.Table | 
     ends = np.cumsum([len(k) for k in keys])
     kept = [part.filter(pc.invert(pc.is_in(keys[i], value_set=every.slice(int(ends[i])))))
             for i, part in enumerate(parts[:-1])]
-    return pa.concat_tables([_conform(p, schema) for p in [*kept, parts[-1]]])
+    return pa.concat_tables([in_schema(p, schema) for p in [*kept, parts[-1]]])
 
 
 def _unique(keys: pa.Array) -> bool:

@@ -17,6 +17,7 @@ from metatable.formats.data_log import read_data_log
 from metatable.formats.key_pages import (ParquetFooter, footer_fields, key_pages, parquet_footer, tail_of,
                                          worth_probing)
 from metatable.formats.row_pages import read_rows, rows_of_keys
+from metatable.schema_evolution import in_schema
 from metatable.storage.base import Storage
 from metatable.storage.cache import SizedCache
 from metatable.storage.paths import TablePaths
@@ -40,7 +41,8 @@ def read_base(storage: Storage, path: str, schema: pa.Schema | None = None, colu
     (`pre_buffer` coalesces them)."""
     with naming_damage(path):
         file, read, wanted = _opened(storage, path, schema, columns, known)
-        return _conformed(file.read(columns=read), wanted)
+        rows = file.read(columns=read)
+        return rows if wanted is None else in_schema(rows, wanted)
 
 
 def base_batches(storage: Storage, path: str, schema: pa.Schema, known: Collection[str] | None = None,
@@ -50,7 +52,8 @@ def base_batches(storage: Storage, path: str, schema: pa.Schema, known: Collecti
     with naming_damage(path):
         file, read, wanted = _opened(storage, path, schema, None, known)
         for batch in file.iter_batches(batch_size=rows, columns=read):
-            yield _conformed(pa.Table.from_batches([batch]), wanted)
+            rows = pa.Table.from_batches([batch])
+            yield rows if wanted is None else in_schema(rows, wanted)
 
 
 def _opened(storage: Storage, path: str, schema: pa.Schema | None, columns: Sequence[str] | None,
@@ -65,15 +68,6 @@ def _opened(storage: Storage, path: str, schema: pa.Schema | None, columns: Sequ
     present = footer.column_names
     read = [n for n in wanted.names if n in present]
     return file, None if tuple(read) == present else read, wanted  # None: no column paths to resolve
-
-
-def _conformed(table: pa.Table, wanted: pa.Schema | None) -> pa.Table:
-    """Columns the file lacks as nulls, narrower ones cast up."""
-    if wanted is None or table.schema.equals(wanted):
-        return table
-    present = set(table.column_names)
-    return pa.table([table[f.name].cast(f.type) if f.name in present else pa.nulls(table.num_rows, f.type)
-                     for f in wanted], schema=wanted)
 
 
 @footer_fields

@@ -53,6 +53,7 @@ from metatable.formats.log_file import LogFile
 from metatable.read.key_lookup import live_rows
 from metatable.read.locator import MetadataIndex
 from metatable.read.scan_filter import Filter, may_match_any, parse_filter, partition_ranges, row_mask
+from metatable.schema_evolution import in_schema
 from metatable.table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
 from metatable.timeline.instant import BOOTSTRAP_TIME, WRITE_ACTIONS, Moment, moment_time
 from metatable.timeline.transaction import Content
@@ -149,7 +150,7 @@ def changes_in(context: TableContext, index: MetadataIndex, view: TimelineView, 
         keys = written["key"].combine_chunks()
         partitions = None if unique else written["partition"].combine_chunks()
         as_of_start = view.instant_at(w.start)
-        before = (conformed(live_rows(context, index, keys, partitions, context.view(as_of=as_of_start)),
+        before = (in_schema(live_rows(context, index, keys, partitions, context.view(as_of=as_of_start)),
                             config.storage_schema) if as_of_start is not None
                   else config.storage_schema.empty_table())
         after = live_rows(context, index, keys, partitions, end_view)
@@ -348,7 +349,3 @@ def values_equal(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(pc.fill_null(same, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Rows of an older snapshot in a newer schema: columns added since are nulls, widened ones cast."""
-    return pa.table([rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-                     for f in schema], schema=schema)

@@ -28,6 +28,7 @@ from metatable.file_group.slice_reader import base_path, log_tables, read_slice
 from metatable.formats.key_pages import key_pages, worth_probing
 from metatable.formats.row_pages import read_rows, rows_of_keys
 from metatable.read.locator import Explain, FileIdsOf, MetadataIndex, RecordIndex, SliceLocator
+from metatable.schema_evolution import in_schema
 from metatable.storage.base import Storage
 from metatable.table_config import KEY_COLUMN, TableConfig
 
@@ -128,9 +129,6 @@ def slice_rows(context: TableContext, config: TableConfig, slices: Sequence[tupl
     readable = [(i, plan) for i, plan in zip(paged, plans) if plan is not None]
     bases = dict(zip([i for i, _ in readable], read_rows([plan for _, plan in readable], storage_schema.names)))
 
-    def conformed(rows: pa.Table) -> pa.Table:  # a cast costs ~120 us a slice even where nothing changes
-        return rows if rows.schema.equals(storage_schema) else rows.select(storage_schema.names).cast(storage_schema)
-
     def rows_of(i: int) -> pa.Table:
         fs, keys = slices[i]
         if i in bases:
@@ -146,9 +144,9 @@ def slice_rows(context: TableContext, config: TableConfig, slices: Sequence[tupl
         return merge_versions([base, *logs], config.ordering_field, storage_schema)
 
     if len(slices) < 2:  # a scan's slice at a time: no pool to start
-        return [conformed(rows_of(i)) for i in range(len(slices))]
+        return [in_schema(rows_of(i), storage_schema) for i in range(len(slices))]
     with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-get") as pool:
-        return [conformed(rows) for rows in pool.map(rows_of, range(len(slices)))]
+        return [in_schema(rows, storage_schema) for rows in pool.map(rows_of, range(len(slices)))]
 
 
 def with_keys(rows: pa.Table, keys: pa.Array) -> pa.Table:
