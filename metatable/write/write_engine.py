@@ -10,7 +10,7 @@ import shutil
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +23,7 @@ from metatable.arrow_memory import bulk_memory
 from metatable.config import THREADS
 from metatable.file_group.base_file import new_write_token
 from metatable.file_group.markers import mark_all
+from metatable.file_group.slice_reader import live_in_slices
 from metatable.file_group.written import stats_table
 from metatable.metadata.table import MetadataTable
 from metatable.progress import progress
@@ -149,9 +150,26 @@ def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: s
         if isinstance(data, pa.Table):
             rows = next(tag_chunks(task, [data], metadata))
             groups = list(file_group_rows(rows))
+            rows = with_presence(task, rows, groups)
             mark_all(task.storage, task.paths, task.instant, rows[PARTITION_COLUMN].unique().to_pylist())
             return write_groups(task, (partial(rows.take, group) for group in groups), len(groups))
         return write_stream(task, tag_chunks(task, data, metadata), spill_dir)
+
+
+def with_presence(task: WriteTask, tagged: pa.Table, groups: Sequence[np.ndarray]) -> pa.Table:
+    """`tagged` with whether each row's key lives in its file group's slice (`PRESENT_COLUMN`), where the
+    writers would read the slices' keys to learn it (`WriteTask.reads_slice_keys`): read for all the groups at
+    once (`live_in_slices`), not group by group."""
+    if not task.reads_slice_keys or not task.slices or PRESENT_COLUMN in tagged.column_names:
+        return tagged
+    owners = np.empty(tagged.num_rows, np.int64)
+    slices = []
+    for i, rows in enumerate(groups):
+        owners[rows] = i
+        first = int(rows[0])
+        slices.append(task.slices.get((tagged[PARTITION_COLUMN][first].as_py(), tagged[FILE_ID_COLUMN][first].as_py())))
+    present = live_in_slices(task.storage, task.paths, task.config, slices, tagged[KEY_COLUMN], owners)
+    return tagged.append_column(PRESENT_COLUMN, pa.array(present))
 
 
 def write_stream(task: WriteTask, chunks: Iterable[pa.Table], spill_dir: str | None) -> pa.Table:
