@@ -28,6 +28,8 @@ from metatable.timeline.transaction import Content
 
 log = logging.getLogger(__name__)
 
+DELETED_AT_ONCE = 1000  # files a `delete_many` call takes: an object store deletes them in one request
+
 
 def clean(context: TableContext, look_first: bool = False) -> str | None:
     """Run a due clean; when one ran, also sweep what dead processes left (`commit.leftovers.sweep`: staging files,
@@ -142,10 +144,10 @@ def service(context: TableContext) -> Service[None]:
 
 def execute(context: TableContext, instant: Instant, plan: Content) -> None:
     doomed: dict[str, list[str]] = plan["delete"]
-    for partition, names in doomed.items():
-        for name in names:
-            context.storage.delete(context.paths.file(partition, name))
-            crash_point("clean.deleting")
+    paths = [context.paths.file(partition, name) for partition, names in doomed.items() for name in names]
+    for start in range(0, len(paths), DELETED_AT_ONCE):
+        context.storage.delete_many(paths[start:start + DELETED_AT_ONCE])
+        crash_point("clean.deleting")
     records: dict[str, dict[str, Any]] = removed_bases_records(context.config, cleaned_bases(doomed),
                                                                ("column_stats", "bloom_filter"))
     records["files"] = {partition: files_record(dict.fromkeys(names, 0), deleted=True)
