@@ -46,7 +46,7 @@ def write_base_file(storage: Storage, paths: TablePaths, config: TableConfig, in
     rows = rows.replace_schema_metadata({**(rows.schema.metadata or {}), **nul_free_metadata(rows[KEY_COLUMN])})
     pq.write_table(rows, staged, metadata_collector=collected,
                    sorting_columns=[pq.SortingColumn(rows.column_names.index(KEY_COLUMN))],
-                   **write_options(rows.column_names, options["write.parquet.compression"],
+                   **write_options(rows, options["write.parquet.compression"],
                                    options["write.parquet.key_compression"], options["write.parquet.page_size"]))
     size = storage.publish(staged, path)
     if collected:

@@ -33,7 +33,7 @@ def write_keys(directory, keys: list[str], *, codec: str = "lz4_raw", page_rows:
     table = table.cast(pa.schema([field, pa.field("payload", pa.int64())]))
     table = table.take(pc.sort_indices(table[KEY_COLUMN]))
     table = table.replace_schema_metadata(nul_free_metadata(table[KEY_COLUMN]))
-    options = write_options(table.column_names, "zstd", codec, 1 << 10)
+    options = write_options(table, "zstd", codec, 1 << 10)
     options.update(data_page_size=None, write_batch_size=None, max_rows_per_page=page_rows)  # small pages
     pq.write_table(table, path, row_group_size=row_group_size, data_page_version=version, **options)
     return path
@@ -114,7 +114,7 @@ def test_the_footer_bounds_the_key_pages_and_probing_decides_as_the_page_count_s
     table = pa.table({"payload": pa.array(range(len(keys))), KEY_COLUMN: pa.array(keys, pa.string())})
     path = str(tmp_path / f"b{next(COUNTER)}.parquet")
     pq.write_table(table, path, row_group_size=row_group_size,
-                   **write_options(table.column_names, "zstd", "lz4_raw", page_size))
+                   **write_options(table, "zstd", "lz4_raw", page_size))
     pages = key_page_count(LOCAL, path)
     assert key_pages_at_most(parquet_footer(LOCAL, path).fields) >= pages
     for keys_probed in {1, pages // 2, pages // 2 + 1, len(keys)}:

@@ -46,7 +46,7 @@ def files(tmp_path_factory):
         table = sample_table(seed)
         path = str(tmp_path_factory.mktemp("pages") / f"f{seed}.parquet")
         pq.write_table(table, path, row_group_size=row_group,
-                       **write_options(table.column_names, "zstd", "lz4_raw", 1024))
+                       **write_options(table, "zstd", "lz4_raw", 1024))
         out.append((path, table))
     return out
 
