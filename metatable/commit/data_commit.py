@@ -147,13 +147,13 @@ def superseded_bases(view: TimelineView, files: Sequence[WrittenFile],
     every file group a clustering replaces."""
     groups = [(f.partition, f.file_id) for f in files if f.kind == "base"]
     groups += [(p, file_id) for p, ids in replaced.items() for file_id in ids]
+    written = {f.file_name for f in files if f.kind == "base"}
     out = {}
     for group in groups:
         fs = view.file_slices.get(group)
-        if fs is not None and fs.base is not None:
+        if fs is not None and fs.base is not None and fs.base.file_name not in written:
             out[group] = fs.base.file_name
-    return {g: name for g, name in out.items()
-            if not any(f.kind == "base" and f.file_name == name for f in files)}
+    return out
 
 
 _COMPLETED_AT: dict[tuple[str, str], int] = {}  # completed commit metadata never changes
