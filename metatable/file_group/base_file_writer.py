@@ -16,7 +16,7 @@ from metatable.file_group.base_file import PARQUET, BaseFile, new_write_token
 from metatable.file_group.markers import mark
 from metatable.file_group.slice_reader import keep_key_column
 from metatable.file_group.written import NO_COUNTS, stats_row
-from metatable.formats.key_pages import nul_free_metadata, write_options
+from metatable.formats.key_pages import nul_free_metadata, remember_footer, write_options
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
 from metatable.table_config import KEY_COLUMN, TableConfig
@@ -48,6 +48,7 @@ def write_base_file(storage: Storage, paths: TablePaths, config: TableConfig, in
                    sorting_columns=[pq.SortingColumn(rows.column_names.index(KEY_COLUMN))],
                    **write_options(rows, options["write.parquet.compression"],
                                    options["write.parquet.key_compression"], options["write.parquet.page_size"]))
+    remember_footer(path, staged)
     size = storage.publish(staged, path)
     if collected:
         keep_key_column(storage, path, rows[KEY_COLUMN], collected[0])

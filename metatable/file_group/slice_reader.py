@@ -15,7 +15,7 @@ from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.record_merge import merge_each, merge_versions
 from metatable.formats.data_log import read_data_log
 from metatable.formats.key_pages import (ParquetFooter, footer_fields, key_pages, parquet_footer, tail_of,
-                                         worth_probing)
+                                         too_many_to_probe, worth_probing)
 from metatable.formats.row_pages import read_rows, rows_of_keys
 from metatable.schema_evolution import in_schema
 from metatable.storage.base import Storage
@@ -76,8 +76,12 @@ def check_footer(storage: Storage, path: str, known: Collection[str] | None) -> 
     reads as a column of nulls, one in a row count drops rows (measured: the two kinds of silent damage left
     when every byte of a base file was flipped in turn). Every flat column of a row group must hold exactly
     its rows, and the file's count be theirs. The footer is decoded by `thrift_compact`: pyarrow's metadata
-    accessors abort the process on some damaged footers (a C++ exception thrown through a destructor)."""
-    footer = parquet_footer(storage, path).fields
+    accessors abort the process on some damaged footers (a C++ exception thrown through a destructor). Footer
+    bytes this process wrote (`written_here`) are not decoded: they are as its writer made them."""
+    parsed = parquet_footer(storage, path)
+    if parsed.written_here:
+        return
+    footer = parsed.fields
     elements = footer.get(2, [])
     names, leaves, nested, i = [], 0, False, 1
     while i < len(elements):  # the root's children, each with its subtree
@@ -366,9 +370,9 @@ def base_keys_present(storage: Storage, path: str, candidates: pa.Array | pa.Chu
     12 requests; on a file system probing a page is cheaper than matching a whole column), else one key page
     per candidate when the file has a key page index and the candidates are few next to its pages, else from
     the key column."""
-    held = None if storage.local else _KEY_COLUMNS.get((storage, path, content_version(storage, path)))
+    held = None if storage.local else held_key_column(storage, path)
     if held is not None:
-        return members(candidates, held[0]), 0
+        return members(candidates, held), 0
     if worth_probing(storage, path, pc.count_distinct(candidates).as_py()) and \
             (pages := key_pages(storage, path)) is not None:
         return pages.contains(candidates.to_pylist())
@@ -394,6 +398,12 @@ def key_column(storage: Storage, path: str) -> tuple[pa.ChunkedArray, int]:
 
 _KEY_COLUMNS: SizedCache[tuple[pa.ChunkedArray, int]] = SizedCache(
     256 << 20, lambda found: found[0].get_total_buffer_size())
+
+
+def held_key_column(storage: Storage, path: str) -> pa.ChunkedArray | None:
+    """A base file's key column where this process holds it (`key_column`, `keep_key_column`), else None."""
+    found = _KEY_COLUMNS.get((storage, path, content_version(storage, path)))
+    return None if found is None else found[0]
 
 
 def _read_key_column(storage: Storage, path: str) -> tuple[pa.ChunkedArray, int]:
@@ -529,10 +539,14 @@ def live_in_slices(storage: Storage, paths: TablePaths, config: TableConfig, sli
         if fs is None or not counts[i]:
             continue
         path = base_path(paths, fs)
-        if path is not None and worth_probing(storage, path, int(counts[i])):
+        held = held_key_column(storage, path) if path is not None else None
+        if held is not None and too_many_to_probe(int(counts[i]), len(held)):
+            base_keys.append(held)  # the footer says nothing more: not decoded
+            base_owners.append(i)
+        elif path is not None and worth_probing(storage, path, int(counts[i])):
             probed.append(i)
             continue
-        if path is not None:
+        elif path is not None:
             base_keys.append(key_column(storage, path)[0])
             base_owners.append(i)
         for lf in fs.logs:
