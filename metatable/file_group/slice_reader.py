@@ -521,7 +521,7 @@ def live_in_slices(storage: Storage, paths: TablePaths, config: TableConfig, sli
     (None: a file group with nothing yet). A key and its slice are paired as one integer (the slice's number
     times the candidates' distinct keys, plus the key's place among them), so every slice's base keys and log
     rows are matched in a few Arrow calls over all of them instead of a few per slice: per slice they were
-    ~20 calls of ~50 us, 0.36 of the ~0.9 ms a merge-on-read file group's write took in the workload
+    ~20 calls of ~50 us, 0.75 of the ~1.9 ms a merge-on-read file group's write took in the workload
     benchmark's batches (480 groups), and two writer threads were no faster than one (each holds the GIL).
     A base whose pages `worth_probing` says to probe (few candidates in a large file) is asked alone."""
     owners = np.asarray(owners, dtype=np.int64)
