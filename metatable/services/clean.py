@@ -19,9 +19,8 @@ from metatable.commit.data_commit import Commit, commit, completed_at, files_rec
 from metatable.commit.index_records import cleaned_bases, removed_bases_records
 from metatable.commit.leftovers import sweep_if_due
 from metatable.faults import crash_point
-from metatable.file_group.base_file import PARQUET, BaseFile
+from metatable.file_group.base_file import PARQUET
 from metatable.file_group.file_slice import parse_names
-from metatable.formats.log_file import LogFile
 from metatable.timeline.instant import DATA_ACTIONS, WRITE_ACTIONS, Action, Instant, nanoseconds_of
 from metatable.timeline.lifecycle import Service, run_due
 from metatable.timeline.transaction import Content
@@ -56,10 +55,6 @@ def seen_by_inflight_writes(context: TableContext) -> set[str] | None:
     start_ns = nanoseconds_of(start)
     return {i.time for i in context.timeline.completed(DATA_ACTIONS)
             if i.time < start and completed_at(context, i) < start_ns}
-
-
-def file_id_of(name: str) -> str:
-    return LogFile.parse(name).file_id if LogFile.is_log_name(name) else BaseFile.parse(name).file_id
 
 
 def settled_instants(context: TableContext, retain: int,
@@ -120,14 +115,18 @@ def service(context: TableContext) -> Service[None]:
         settled, readable_from = found
         doomed: dict[str, list[str]] = {}
         view = context.view()
-        gone = {(p, fid) for instant, meta in view.replacements if settled(instant.time)
-                for p, ids in meta.get("replaced", {}).items() for fid in ids}  # no retained instant reads them
+        gone: dict[str, set[str]] = {}  # partition -> file groups replaced where no retained instant reads them
+        for instant, meta in view.replacements:
+            if settled(instant.time):
+                for p, ids in meta.get("replaced", {}).items():
+                    gone.setdefault(p, set()).update(ids)
         for partition, names in view.live_files.items():
             bases, logs = parse_names(names, PARQUET)
-            here = [n for n in names if (partition, file_id_of(n)) in gone]
+            replaced = gone.get(partition, set())
+            here = [f.file_name for f in [*bases, *logs] if f.file_id in replaced]
             if here:
                 doomed.setdefault(partition, []).extend(here)
-            for file_id in {b.file_id for b in bases} - {fid for p, fid in gone if p == partition}:
+            for file_id in {b.file_id for b in bases} - replaced:
                 mine = [b for b in bases if b.file_id == file_id]
                 readable = [b.instant for b in mine if settled(b.instant)]
                 if not readable:
