@@ -519,50 +519,64 @@ def live_in_slices(storage: Storage, paths: TablePaths, config: TableConfig, sli
                    candidates: pa.Array | pa.ChunkedArray, owners: np.ndarray) -> np.ndarray:
     """`live_mask` of many slices at once: which candidates are live in their own slice, `slices[owners[i]]`
     (None: a file group with nothing yet). A key and its slice are paired as one integer (the slice's number
-    times the candidates' distinct keys, plus the key's place among them), so every slice's base keys and log
+    times the candidates' distinct keys, plus the key's place among them), so the slices' base keys and log
     rows are matched in a few Arrow calls over all of them instead of a few per slice: per slice they were
     ~20 calls of ~50 us, 0.75 of the ~1.9 ms a merge-on-read file group's write took in the workload
     benchmark's batches (480 groups), and two writer threads were no faster than one (each holds the GIL).
-    A base whose pages `worth_probing` says to probe (few candidates in a large file) is asked alone."""
+    Slices are matched together until their bases hold `MATCHED_KEYS` keys, so that memory holds that many
+    at most, as a writer of one group at a time did. A base whose pages `worth_probing` says to probe (few
+    candidates in a large file) is asked alone."""
     owners = np.asarray(owners, dtype=np.int64)
-    names = pc.unique(candidates)
-    width = max(len(names), 1)
-    wanted = owners * width + _codes(candidates, names)
+    live = np.zeros(len(candidates), dtype=bool)
     counts = np.bincount(owners, minlength=len(slices))
     schema = pa.schema([config.log_schema.field(KEY_COLUMN), config.log_schema.field(DELETED_COLUMN)])
-    base_keys: list[pa.ChunkedArray] = []
-    base_owners: list[int] = []
-    blocks: list[pa.Table] = []
-    block_owners: list[int] = []
-    probed: list[int] = []
+    together: list[tuple[int, pa.ChunkedArray | None, list[pa.Table]]] = []  # (slice, base keys, log blocks)
+    held = 0
     for i, fs in enumerate(slices):
         if fs is None or not counts[i]:
             continue
         path = base_path(paths, fs)
-        held = held_key_column(storage, path) if path is not None else None
-        if held is not None and too_many_to_probe(int(counts[i]), len(held)):
-            base_keys.append(held)  # the footer says nothing more: not decoded
-            base_owners.append(i)
-        elif path is not None and worth_probing(storage, path, int(counts[i])):
-            probed.append(i)
-            continue
-        elif path is not None:
-            base_keys.append(key_column(storage, path)[0])
-            base_owners.append(i)
-        for lf in fs.logs:
-            blocks.append(log_columns(storage, paths.file(fs.partition, lf.file_name), schema))
-            block_owners.append(i)
-    in_base = np.isin(wanted, _paired(base_keys, base_owners, names, width)[1])
-    log_rows, log_pairs = _paired([b.column(KEY_COLUMN) for b in blocks], block_owners, names, width)
+        keys = held_key_column(storage, path) if path is not None else None
+        if path is not None and (keys is None or not too_many_to_probe(int(counts[i]), len(keys))):
+            if worth_probing(storage, path, int(counts[i])):  # the footer says: its pages, not its keys
+                rows = np.flatnonzero(owners == i)
+                live[rows] = live_mask(storage, paths, config, fs, candidates.take(rows))
+                continue
+            keys = key_column(storage, path)[0]
+        together.append((i, keys, [log_columns(storage, paths.file(fs.partition, lf.file_name), schema)
+                                   for lf in fs.logs]))
+        held += len(keys) if keys is not None else 0
+        if held >= MATCHED_KEYS:
+            _match(together, candidates, owners, live)
+            together, held = [], 0
+    _match(together, candidates, owners, live)
+    return live
+
+
+MATCHED_KEYS = 1 << 22  # base keys `live_in_slices` matches at once (~60 MB of short keys)
+
+
+def _match(together: Sequence[tuple[int, pa.ChunkedArray | None, Sequence[pa.Table]]],
+           candidates: pa.Array | pa.ChunkedArray, owners: np.ndarray, live: np.ndarray) -> None:
+    """`live_in_slices` for the candidates of these slices (each its number, base keys and log blocks): sets
+    their place in `live`."""
+    if not together:
+        return
+    rows = np.flatnonzero(np.isin(owners, [i for i, _, _ in together]))
+    mine = candidates.take(rows)
+    names = pc.unique(mine)
+    width = max(len(names), 1)
+    wanted = owners[rows] * width + _codes(mine, names)
+    bases = [(i, keys) for i, keys, _ in together if keys is not None]
+    in_base = np.isin(wanted, _paired([keys for _, keys in bases], [i for i, _ in bases], names, width)[1])
+    blocks = [(i, block) for i, _, logs in together for block in logs]
+    log_rows, log_pairs = _paired([b.column(KEY_COLUMN) for _, b in blocks], [i for i, _ in blocks], names, width)
     # a key's newest row in its slice's logs says whether it lives (in one write its delete comes first)
     touched, last = np.unique(log_pairs[::-1], return_index=True)
-    deleted = np.concatenate([b.column(DELETED_COLUMN).to_numpy() for b in blocks]) if blocks else np.zeros(0, bool)
+    deleted = np.concatenate([b.column(DELETED_COLUMN).to_numpy() for _, b in blocks]) if blocks \
+        else np.zeros(0, bool)
     alive = touched[~deleted[log_rows[::-1][last]]]
-    live = np.where(np.isin(wanted, touched), np.isin(wanted, alive), in_base)
-    for i in probed:
-        rows = np.flatnonzero(owners == i)
-        live[rows] = live_mask(storage, paths, config, slices[i], candidates.take(rows))
-    return live
+    live[rows] = np.where(np.isin(wanted, touched), np.isin(wanted, alive), in_base)
 
 
 def _codes(keys: pa.Array | pa.ChunkedArray, names: pa.Array) -> np.ndarray:

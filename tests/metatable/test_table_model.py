@@ -5,13 +5,17 @@ import shutil
 import tempfile
 import uuid
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from indexes.arrow_keys import record_keys
+
 import metatable as mt
+import metatable.file_group.slice_reader
 import metatable.write.file_group_writer
-from metatable.file_group.slice_reader import live_mask
+from metatable.file_group.slice_reader import live_in_slices, live_mask
 
 
 from .strategies import operation_strategy
@@ -88,3 +92,33 @@ def test_an_upsert_that_does_not_count_updates_reads_no_keys(tmp_path, monkeypat
     counted = mt.Table.open(str(tmp_path / "t"), options={"write.count_updates": True}).upsert(
         pa.Table.from_pylist(batch[:1] + [{"id": 5, "p": "a", "v": "new", "ts": 2}], schema=SCHEMA))
     assert (counted.inserted, counted.updated, counted.upserted) == (1, 1, 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ops=st.lists(operation_strategy, min_size=1, max_size=6),
+       ids=st.lists(st.integers(0, 20), min_size=1, max_size=40), matched=st.sampled_from([1, 1 << 22]))
+def test_presence_read_for_many_slices_at_once_equals_each_slice_alone(ops, ids, matched):
+    """`live_in_slices` against `live_mask` of each slice: the slices of a merge-on-read table after random
+    writes (bases, logs that delete and insert again), each asked about keys it holds, held once, or never
+    held, and a file group with nothing yet; matched all together, and one slice at a time (`MATCHED_KEYS`)."""
+    root = tempfile.mkdtemp(prefix="mt-presence-")
+    at_once = metatable.file_group.slice_reader.MATCHED_KEYS
+    try:
+        table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2),
+                                options={"compaction.mode": "off"})
+        for operation, rows in ops:
+            data = pa.Table.from_pylist(rows, schema=SCHEMA)
+            getattr(table, operation)(data.select(["id", "p"]) if operation == "delete" else data)
+        context = table.context
+        slices = [*context.view().file_slices.values(), None]
+        keys = record_keys(pa.table({"id": pa.array(ids, pa.int64())}), ["id"]).combine_chunks()
+        owners = np.arange(len(ids)) % len(slices)
+        metatable.file_group.slice_reader.MATCHED_KEYS = matched
+        got = live_in_slices(context.storage, context.paths, context.config, slices, keys, owners)
+        for i, fs in enumerate(slices):
+            rows = np.flatnonzero(owners == i)
+            expected = live_mask(context.storage, context.paths, context.config, fs, keys.take(rows))
+            assert got[rows].tolist() == expected.tolist(), fs
+    finally:
+        metatable.file_group.slice_reader.MATCHED_KEYS = at_once
+        shutil.rmtree(root, ignore_errors=True)
