@@ -22,6 +22,7 @@ from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET
 from metatable.file_group.base_file_writer import write_base_file
 from metatable.file_group.file_slice import by_completion, latest_slice, parse_names
+from metatable.file_group.markers import mark_all
 from metatable.file_group.slice_reader import read_each, task_size
 from metatable.file_group.written import written_files
 from metatable.progress import progress
@@ -90,6 +91,7 @@ def service(context: TableContext, only: Collection[str] | None = None) -> Servi
         groups = plan["file_groups"]
         config = context.config_now()  # the widest schema: the rewrite drops no column of any file it reads
         items = list(groups.items())
+        mark_all(context.storage, context.paths, instant.time, {parse_group_name(name)[0] for name, _ in items})
         size = task_size(len(items), THREADS)
         with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-compact") as pool:
             done = pool.map(lambda at: compact_file_groups(context, config, instant.time, items[at:at + size]),
