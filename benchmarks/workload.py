@@ -12,9 +12,10 @@ After the batches both must equal the expected state, which is computed apart fr
 
 Steps, one JSON line each (seconds; rows): `load`, `batches` (all of them: total, first, last, slowest),
 `full_read`, `day_read` (a filter on one `order_date`), `get_1000` (full rows of 1,000 live orders:
-metatable's `get`, delta-rs an `isin` scan), `new_process_batch` (one more batch, applied by a new process as
-a scheduled job applies its batch: the table's open and the write, timed in that process after its imports)
-and `full_read_after` (the full read again: on metatable every file group now has a log to merge), then
+metatable's `get`, delta-rs an `isin` scan), `get_1000_new_process` (the same in a new process: the table's
+open and the read, timed in that process after its imports, as the issue's target asks), `new_process_batch`
+(one more batch, applied by a new process as a scheduled job applies its batch: the open and the write, timed
+the same way) and `full_read_after` (the full read again: on metatable every file group now has a log to merge), then
 `ratio` lines (delta-rs's time over metatable's: above 1, metatable is faster) and `target` lines (issue
 42's acceptance, met or not).
 
@@ -249,53 +250,64 @@ def run(system: str, args: argparse.Namespace, workdir: str) -> None:
     wanted = expected.filter(pc.is_in(expected["order_id"], value_set=ids))
     got = timed(system, "get_1000", wanted.num_rows, lambda: target.get(ids))
     check(same_rows(got, wanted), f"{system}: get returned other rows")
+    got = in_a_new_process("get_1000_new_process", system, root, pa.table({"order_id": ids}), workdir)
+    check(same_rows(got, wanted), f"{system}: get in a new process returned other rows")
     last = orders.batch(args.batches, args.updates, args.inserts, args.deletes)
-    RESULTS[(system, "new_process_batch")] = seconds = in_a_new_process(system, root, last, workdir)
-    emit(system=system, step="new_process_batch", rows=last.num_rows, seconds=round(seconds, 3))
+    in_a_new_process("new_process_batch", system, root, last, workdir)
     expected = orders.expected()
     full = timed(system, "full_read_after", expected.num_rows, target.read)
     check(same_rows(full, expected), f"{system}: the full read after the last batch differs")
 
 
-def in_a_new_process(system: str, root: str, batch: pa.Table, workdir: str) -> float:
-    """The seconds a new process takes to open the table and apply `batch` (`apply_in_this_process`)."""
-    path = os.path.join(workdir, f"{system}-batch.parquet")
-    pq.write_table(batch, path)
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--apply-batch", system, root, path],
-                          capture_output=True, text=True)
+def in_a_new_process(step: str, system: str, root: str, data: pa.Table, workdir: str) -> pa.Table | None:
+    """`step` run by a new process (`step_in_this_process`) on `data`: a batch it applies, or the keys it gets.
+    Emits the seconds that process took for the table's open and the step, and returns what the step read."""
+    path = os.path.join(workdir, f"{system}-{step}.parquet")
+    out = path + ".out"
+    pq.write_table(data, path)
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--in-new-process", step, system, root, path,
+                           out], capture_output=True, text=True)
     if done.returncode:
-        raise SystemExit(f"{system}: the batch in a new process failed:\n{done.stderr[-3000:]}")
-    return float(done.stdout.split()[-1])
+        raise SystemExit(f"{system}: {step} in a new process failed:\n{done.stderr[-3000:]}")
+    RESULTS[(system, step)] = seconds = float(done.stdout.split()[-1])
+    emit(system=system, step=step, rows=data.num_rows, seconds=round(seconds, 3))
+    return pq.read_table(out) if os.path.exists(out) else None
 
 
-def apply_in_this_process(system: str, root: str, path: str) -> None:
-    """The child of `in_a_new_process`: prints the seconds of the open and the write, its imports done."""
+def step_in_this_process(step: str, system: str, root: str, path: str, out: str) -> None:
+    """The child of `in_a_new_process`: prints the seconds of the open and the step, its imports done (reading
+    the input imports pyarrow's dataset layer, and with it pandas, before the clock starts too)."""
     import deltalake  # noqa: F401  (both systems' modules loaded before the clock starts)
     import metatable.table  # noqa: F401  (`mt.Table` loads the facade's modules on first use)
 
-    batch = pq.read_table(path)
+    data = pq.read_table(path)
     started = time.perf_counter()
-    SYSTEMS[system][0].open(root).apply(batch)
-    print(time.perf_counter() - started)
+    table = SYSTEMS[system][0].open(root)
+    read = table.apply(data) if step == "new_process_batch" else table.get(data["order_id"].combine_chunks())
+    seconds = time.perf_counter() - started
+    if read is not None:
+        pq.write_table(read, out)
+    print(seconds)
 
 
 def verdict(systems: list[str]) -> None:
     if "delta" not in systems:
         return
     for system in (s for s in systems if s != "delta"):
-        for step in ("load", "batches", "full_read", "day_read", "get_1000", "new_process_batch", "full_read_after"):
+        for step in ("load", "batches", "full_read", "day_read", "get_1000", "get_1000_new_process",
+                     "new_process_batch", "full_read_after"):
             if (system, step) in RESULTS:
                 emit(kind="ratio", system=system, step=step,
                      delta_over_metatable=round(RESULTS[("delta", step)] / RESULTS[(system, step)], 2))
     if "metatable" in systems:
         ratio = {step: RESULTS[("delta", step)] / RESULTS[("metatable", step)]
-                 for step in ("batches", "full_read", "get_1000")}
+                 for step in ("batches", "full_read", "get_1000_new_process")}
         emit(kind="target", what="20 batches >= 2x faster than delta-rs", met=ratio["batches"] >= 2,
              ratio=round(ratio["batches"], 2))
         emit(kind="target", what="full read no slower than delta-rs", met=ratio["full_read"] >= 1,
              ratio=round(ratio["full_read"], 2))
-        emit(kind="target", what="get of 1,000 keys >= 10x faster than delta-rs", met=ratio["get_1000"] >= 10,
-             ratio=round(ratio["get_1000"], 2))
+        emit(kind="target", what="get of 1,000 keys >= 10x faster than delta-rs, in a new process",
+             met=ratio["get_1000_new_process"] >= 10, ratio=round(ratio["get_1000_new_process"], 2))
 
 
 def main() -> None:
@@ -310,10 +322,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--systems", default="metatable,delta")
     parser.add_argument("--workdir", default=None)
-    parser.add_argument("--apply-batch", nargs=3, metavar=("SYSTEM", "ROOT", "BATCH"), help=argparse.SUPPRESS)
+    parser.add_argument("--in-new-process", nargs=5, metavar=("STEP", "SYSTEM", "ROOT", "INPUT", "OUTPUT"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.apply_batch:
-        apply_in_this_process(*args.apply_batch)
+    if args.in_new_process:
+        step_in_this_process(*args.in_new_process)
         return
     systems = args.systems.split(",")
     unknown = [s for s in systems if s not in SYSTEMS]
