@@ -25,12 +25,12 @@ from metatable.config import THREADS
 from metatable.errors import CorruptFileError
 from metatable.formats.key_pages import OpenFile, cached_per_file, footer_fields, key_pages, open_read, parquet_footer
 from metatable.formats.thrift_compact import (
-    BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, page_locations, read_struct, struct_spans)
+    BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, page_locations, struct_spans)
 from metatable.storage.base import Storage
 from metatable.table_config import KEY_COLUMN
 
-SMALL_DICTIONARY = 64 << 10  # a dictionary page at most this big is copied without checking the pages use it
 _DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY
+_DATA_PAGES = (0, 3)  # DATA_PAGE, DATA_PAGE_V2
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class ChunkPages:
     sizes: np.ndarray
     first_rows: np.ndarray  # first row of each page, within the row group
     rows: int
+    dictionary_pages: int  # the leading data pages that are dictionary-encoded (`dictionary_encoded_pages`)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def file_pages(storage: Storage, path: str) -> FilePages | None:
                 offsets, sizes, firsts = page_locations(next(indexes), path)
                 dictionary = (meta[11], meta[9] - meta[11]) if meta.get(11) else None
                 chunks.append(ChunkPages(column_meta(meta), dictionary, offsets, sizes, firsts,
-                                         row_group[3]))
+                                         row_group[3], dictionary_encoded_pages(meta, len(offsets))))
             groups.append(tuple(chunks))
             starts.append(start)
             start += row_group[3]
@@ -129,13 +130,27 @@ class ChunkRead:
     rows: int  # rows of the chosen pages
 
     @property
-    def small_dictionary(self) -> bool:
-        return self.chunk.dictionary is not None and self.chunk.dictionary[1] <= SMALL_DICTIONARY
+    def needs_dictionary(self) -> bool:
+        """Whether a chosen page is dictionary-encoded (the pages are ascending, so whether the first is)."""
+        return self.chunk.dictionary is not None and int(self.pages[0]) < self.chunk.dictionary_pages
 
     def ranges(self) -> list[tuple[int, int]]:
-        """(length, offset) of the chosen pages, and of a small dictionary page (read with them)."""
+        """(length, offset) of the chosen pages, and of the dictionary page when they need it (read with them)."""
         ranges = [(int(self.chunk.sizes[p]), int(self.chunk.offsets[p])) for p in self.pages]
-        return ranges + [self.chunk.dictionary[::-1]] if self.small_dictionary else ranges
+        return ranges + [self.chunk.dictionary[::-1]] if self.needs_dictionary else ranges
+
+
+def dictionary_encoded_pages(meta: dict, pages: int) -> int:
+    """How many of a column chunk's data pages, from its first, are dictionary-encoded: the count its encoding
+    stats give (ColumnMetaData field 13). The writer falls back to PLAIN once for good when the dictionary
+    outgrows its limit (`key_pages.DICTIONARY_PAGE_LIMIT`), so those pages lead, and a read of later pages needs
+    no dictionary page. A key-sorted `l_orderkey` repeats in its first 256 values and keeps a dictionary that
+    overflows at ~64 KB after a few pages: every row read from such a file read that page too. Without the
+    stats, every page may need it."""
+    stats = meta.get(13)
+    if stats is None:
+        return pages
+    return sum(s.get(3, 0) for s in stats if s.get(1) in _DATA_PAGES and s.get(2) in _DICTIONARY_ENCODINGS)
 
 
 def chunk_reads(pages: FilePages, rows: np.ndarray, column: int) -> list[ChunkRead]:
@@ -196,7 +211,7 @@ def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], name: str, file
             positions.append(base + read.positions)
             ranges = read.ranges()
             data = [have[r] for r in ranges] if have is not None else file.read_many(ranges)
-            dictionary = data.pop() if read.small_dictionary else _dictionary(file, read.chunk, data)
+            dictionary = data.pop() if read.needs_dictionary else None
             groups.append((read.chunk.meta, dictionary, data, read.rows))
             owners.setdefault(element, []).append(pages.path)
             base += read.rows
@@ -232,23 +247,6 @@ def _damaged(element: bytes, groups: list[tuple], owners: list[str], name: str, 
 
 def _empty(decoded: dict[bytes, pa.Array], element: bytes) -> pa.Array:
     return decoded[element].slice(0, 0) if element in decoded else pa.array([], pa.null())
-
-
-def _dictionary(file: OpenFile, chunk: ChunkPages, data: list[bytes]) -> bytes | None:
-    """A big dictionary page, when any chosen page needs it (checked against the pages' encodings: a writer
-    falls back to PLAIN once the dictionary outgrows its limit). A small one is read with the pages."""
-    if chunk.dictionary is None:
-        return None
-    offset, size = chunk.dictionary
-    if not any(_dictionary_encoded(page, file.path) for page in data):
-        return None
-    return file.read(size, offset)
-
-
-def _dictionary_encoded(page: bytes, path: str) -> bool:
-    header, _ = read_struct(page, 0, path)
-    body = header.get(5) or header.get(8) or {}
-    return body.get(2 if 5 in header else 4) in _DICTIONARY_ENCODINGS
 
 
 def _uncompressed_size(page: bytes) -> int:

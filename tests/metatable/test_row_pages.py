@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from metatable.formats.key_pages import write_options
-from metatable.formats.row_pages import file_pages, mini_parquet, read_rows, rows_of_keys
+from metatable.formats.row_pages import chunk_reads, file_pages, mini_parquet, read_rows, rows_of_keys
+from metatable.formats.thrift_compact import read_struct
 from metatable.storage.local import LocalStorage
 from metatable.table_config import KEY_COLUMN
 
@@ -101,3 +102,32 @@ def test_a_mini_file_is_a_parquet_file_of_the_chosen_pages(files):
                                                      [(chunk.meta, raw[offset:offset + size], data, rows)])))
     expected = pa.concat_arrays([table["i"].combine_chunks()[chunk.first_rows[p]:ends[p]] for p in chosen])
     assert got["i"].combine_chunks().equals(expected)
+
+
+def test_a_read_takes_the_dictionary_page_only_for_dictionary_encoded_pages(files):
+    """The leading dictionary-encoded pages that the encoding stats count are those whose own headers say so;
+    rows of the PLAIN pages after a dictionary overflowed are read without the dictionary page, and equal."""
+    for path, table in files:
+        pages = file_pages(LOCAL, path)
+        column = pages.names.index("comment")
+        with open(path, "rb") as f:
+            raw = f.read()
+        for start, group in zip(pages.row_starts, pages.row_groups):
+            chunk = group[column]
+            encoded = []
+            for offset in chunk.offsets:
+                header, _ = read_struct(raw, int(offset), path)
+                encoded.append((header.get(5) or header.get(8))[2 if 5 in header else 4] in (2, 8))
+            assert encoded == [i < chunk.dictionary_pages for i in range(len(encoded))], path
+        overflowed = [(start, group[column]) for start, group in zip(pages.row_starts, pages.row_groups)
+                      if 0 < group[column].dictionary_pages < len(group[column].offsets)]
+        assert overflowed, "a comment dictionary overflowed to PLAIN"
+        start, chunk = overflowed[0]
+        plain = start + int(chunk.first_rows[chunk.dictionary_pages]) + np.arange(5)
+        [read] = chunk_reads(pages, plain, column)
+        assert not read.needs_dictionary and chunk.dictionary[::-1] not in read.ranges()
+        [read] = chunk_reads(pages, np.r_[start, plain], column)  # the chunk's first page is dictionary-encoded
+        assert read.needs_dictionary and chunk.dictionary[::-1] in read.ranges()
+        for rows in (plain, np.r_[start, plain]):
+            [got] = read_rows([(pages, rows)], ["comment"])
+            assert got["comment"].combine_chunks().equals(table["comment"].combine_chunks().take(rows)), path
