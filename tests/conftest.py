@@ -11,6 +11,11 @@ from devtools import local_s3
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# Every JVM the run starts (its Spark session, child processes' sessions, the standalone cluster's daemons and
+# executors, the benchmarks' tiny runs) does seconds of work, most of it starting: C2's compilations and G1's
+# threads were a third of its CPU. A session started and one job run took 27 core-seconds, 17 so; the file
+# test_spark_source.py 86 s and 126 core-seconds, 68 s and 82 (docs/design-notes.md, "The suite's time").
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                             HealthCheck.function_scoped_fixture])
@@ -75,7 +80,8 @@ def fast_heartbeat() -> dict:
 
 @pytest.fixture(scope="session")
 def spark():
-    """One SparkSession for the whole test run (a JVM start costs seconds)."""
+    """One SparkSession for all the tests of this process (a JVM start costs seconds; `make test` runs two
+    workers, each with its own)."""
     import metatable as mt
 
     session = mt.spark_session(master="local[2]", shuffle_partitions=2,
