@@ -100,9 +100,11 @@ def test_an_upsert_that_does_not_count_updates_reads_no_keys(tmp_path, monkeypat
 def test_presence_read_for_many_slices_at_once_equals_each_slice_alone(ops, ids, matched):
     """`live_in_slices` against `live_mask` of each slice: the slices of a merge-on-read table after random
     writes (bases, logs that delete and insert again), each asked about keys it holds, held once, or never
-    held, and a file group with nothing yet; matched all together, and one slice at a time (`MATCHED_KEYS`)."""
+    held, and a file group with nothing yet; matched all together, and one slice at a time (`MATCHED_KEYS`,
+    `MATCHED_CANDIDATES`), the batches on threads."""
     root = tempfile.mkdtemp(prefix="mt-presence-")
-    at_once = metatable.file_group.slice_reader.MATCHED_KEYS
+    reader = metatable.file_group.slice_reader
+    at_once = reader.MATCHED_KEYS, reader.MATCHED_CANDIDATES
     try:
         table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2),
                                 options={"compaction.mode": "off"})
@@ -113,12 +115,12 @@ def test_presence_read_for_many_slices_at_once_equals_each_slice_alone(ops, ids,
         slices = [*context.view().file_slices.values(), None]
         keys = record_keys(pa.table({"id": pa.array(ids, pa.int64())}), ["id"]).combine_chunks()
         owners = np.arange(len(ids)) % len(slices)
-        metatable.file_group.slice_reader.MATCHED_KEYS = matched
+        reader.MATCHED_KEYS = reader.MATCHED_CANDIDATES = matched
         got = live_in_slices(context.storage, context.paths, context.config, slices, keys, owners)
         for i, fs in enumerate(slices):
             rows = np.flatnonzero(owners == i)
             expected = live_mask(context.storage, context.paths, context.config, fs, keys.take(rows))
             assert got[rows].tolist() == expected.tolist(), fs
     finally:
-        metatable.file_group.slice_reader.MATCHED_KEYS = at_once
+        reader.MATCHED_KEYS, reader.MATCHED_CANDIDATES = at_once
         shutil.rmtree(root, ignore_errors=True)
