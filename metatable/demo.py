@@ -163,9 +163,11 @@ def run_demo(workdir: str, scale_factor: float = 0.1, buckets: int = 4) -> list[
     for instant in table.timeline():
         print(f"  {instant.time}  {instant.action.value:<12} {instant.state.value}")
     print("metadata indexes:")
-    for s in table.index_status():
-        print(f"  {s['partition']:<14} {s['state']:<9} {s['file_groups']} file groups, {s['records']:,} records, "
-              f"current to {s['current_to']}")
+    statuses = table.index_status()
+    width = max((len(s["partition"]) for s in statuses), default=0)
+    for s in statuses:
+        print(f"  {s['partition']:<{width}}  {s['state']:<9} {s['file_groups']} file groups, {s['records']:,} "
+              f"records, current to {s['current_to']}")
     print("metadata table timeline (last 5):")
     for instant in table.metadata.timeline.instants()[-5:]:
         print(f"  {instant.time}  {instant.action.value:<12} {instant.state.value}")
