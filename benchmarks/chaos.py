@@ -44,7 +44,9 @@ from metatable.errors import ConflictError, IndexingAborted, SnapshotExpiredErro
 from metatable.timeline.instant import DATA_ACTIONS  # noqa: E402
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.string()), ("ts", pa.int64())])
-OPTIONS = {"heartbeat.interval_s": 0.2, "heartbeat.tolerable_misses": 5, "clean.retain_commits": 4,
+# a live process's heartbeat may wait seconds for the CPU where the suite runs this beside another test worker
+# on 2 cores (at 0.2 s x 5, writers and the indexer that were alive were rolled back in one fresh-clone run)
+OPTIONS = {"heartbeat.interval_s": 0.25, "heartbeat.tolerable_misses": 12, "clean.retain_commits": 4,
            "lock.lease_s": 2.0,  # on an object store, a killed lock holder's lease runs out this soon
            "write.target_file_size": 256 << 10, "clustering.small_file_limit": 128 << 10,
            "clustering.updates": "abort_clustering",  # and a short active timeline, so archivals die too

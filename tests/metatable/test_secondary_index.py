@@ -5,6 +5,7 @@ the build on Spark."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import time
@@ -344,13 +345,21 @@ def test_the_async_indexer_builds_one_while_writers_write_and_drops_it(tmp_path,
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["indexer.build.file_group", "indexer.catch_up"])
 def test_sigkill_of_the_build_at_named_points(tmp_path, point):
+    """The build is held once built until the writers have committed twice more, so that its catch-up has
+    instants to apply (held for a second instead, a slow start let the writers finish first)."""
     root = str(tmp_path / "t")
-    seeded(root)
-    writers = [indexer(root, "write", str(seed), str(time.time() + 4)) for seed in (0, 1)]
-    time.sleep(0.5)
-    held = {"METATABLE_PAUSE_AT": "indexer.built:1"} if point == "indexer.catch_up" else {}  # writers commit
-    killed = indexer(root, "schedule_run", "by_v=v", METATABLE_CRASH_AT=f"{point}:1", **held)  # what it catches up
+    timeline = seeded(root).context.timeline
+    stop, hold = str(tmp_path / "stop"), str(tmp_path / "hold")
+    writers = [indexer(root, "write", str(seed), stop) for seed in (0, 1)]
+    held = {"METATABLE_PAUSE_AT": f"indexer.built:{hold}"} if point == "indexer.catch_up" else {}
+    killed = indexer(root, "schedule_run", "by_v=v", METATABLE_CRASH_AT=f"{point}:1", **held)
+    if held:
+        wait_for(lambda: os.path.exists(hold + ".reached"), timeout=60)
+        seen = timeline.completed()[-1].time
+        wait_for(lambda: sum(i.time > seen for i in timeline.completed()) >= 2, timeout=60)
+        open(hold, "w").close()
     assert killed.wait(60) == -signal.SIGKILL
+    open(stop, "w").close()
     assert all(json.loads(succeeded(w)) > 0 for w in writers)
     time.sleep(2.5)  # the dead indexer's heartbeat expires
     mt.Table.open(root, options=OPTIONS).run_indexing()
