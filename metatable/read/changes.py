@@ -236,7 +236,8 @@ def records_of(config: TableConfig, versions: Sequence[Versions]) -> pa.Table:
     distinct = encoded.dictionary
     counts = [v.rows.num_rows for v in versions]
     paths = sorted({v.partition for v in versions})
-    path_of = np.repeat(np.array([paths.index(v.partition) for v in versions], np.int64), counts)
+    number_of = {p: n for n, p in enumerate(paths)}
+    path_of = np.repeat(np.array([number_of[v.partition] for v in versions], np.int64), counts)
     record = encoded.indices.to_numpy().astype(np.int64) + (0 if unique else path_of * len(distinct))
     numbers, of = np.unique(record, return_inverse=True)
     instant = np.repeat(np.array([v.instant for v in versions], np.int64), counts)
