@@ -5,7 +5,9 @@ Data: TPC-H lineitem with `ship_year` (as `peers.py`), partitioned by it. Then 2
 size at every scale factor (0.5% of SF 1's rows: ~30,000; 90% updates of random existing keys, 10% new keys),
 each a commit. Then the changes of the last 5 commits, read three ways:
 - `metatable`: `Table.changes(start)` (merge-on-read, bucket index): the keys the 5 commits' logs hold, their
-  rows as of start and as of end through the index (`read.changes`);
+  rows as of start from the before-images the writes kept (`changes.before_images`, as Delta's table below
+  keeps its change data; `--before-images off`: read from the table's pages as of start), and as of end
+  merged from the logs (`read.changes`);
 - `snapshot_diff`: what a user without change records does: the snapshot as of start and the latest, both read
   whole (`to_arrow`), compared by key (the same vectorized comparison `changes` uses);
 - `delta`: delta-rs `load_cdf(starting_version, ending_version)` of a table written with
@@ -13,10 +15,12 @@ each a commit. Then the changes of the last 5 commits, read three ways:
   records during each merge (its `_change_data` files); it gives every version, not the net change.
 The metatable result is checked against the snapshot diff, record for record.
 
+The 20 upserts are timed too (`upserts`), on each system: what keeping the change data costs the writes.
+
 One JSON line per measurement, then `ratio` and `target` lines: >= 10x faster than the snapshot diff, faster
 than delta-rs, and a cost that follows the changed rows, not the table (SF 3 against SF 1 with the same batch).
 
-    python benchmarks/changes.py [--scale-factors 1,3] [--workdir bench-data]
+    python benchmarks/changes.py [--scale-factors 1,3] [--workdir bench-data] [--before-images on|off]
 """
 from __future__ import annotations
 
@@ -119,7 +123,7 @@ def comparable(changes: pa.Table) -> list[tuple]:
     return sorted(tuple(r.values()) for r in changes.select(columns).to_pylist())
 
 
-def bench(scale_factor: float, workdir: str, with_delta: bool) -> None:
+def bench(scale_factor: float, workdir: str, with_delta: bool, before_images: bool) -> None:
     source = source_with_year(workdir, scale_factor)
     batch_rows = int(SF1_ROWS * 0.005)
     batches = make_batches(source, workdir, scale_factor, batch_rows)
@@ -127,9 +131,10 @@ def bench(scale_factor: float, workdir: str, with_delta: bool) -> None:
     shutil.rmtree(root, ignore_errors=True)
     table = mt.Table.create(root, ds.dataset(source).schema, KEY, ["ship_year"],
                             index=mt.IndexConfig(num_buckets=default_buckets(scale_factor)),
-                            options={"clean.retain_commits": 30})
+                            options={"clean.retain_commits": 30, "changes.before_images": before_images})
     table.bulk_insert(source)
-    instants = [table.upsert(pq.read_table(path)).instant for path in batches]
+    instants = timed(scale_factor, "metatable_upserts", lambda: [table.upsert(pq.read_table(path)).instant
+                                                                 for path in batches])
     start = instants[-WINDOW - 1]
     rows = timed(scale_factor, "metatable", lambda: table.changes(start))
     emit(scale_factor=scale_factor, system="metatable", change_records=rows.num_rows,
@@ -148,10 +153,13 @@ def bench_delta(scale_factor: float, workdir: str, source: str, batches: list[st
     shutil.rmtree(root, ignore_errors=True)
     write_deltalake(root, ds.dataset(source).scanner().to_reader(), partition_by=["ship_year"],
                     configuration={"delta.enableChangeDataFeed": "true"})
-    for path in batches:
-        (DeltaTable(root).merge(source=pq.read_table(path), source_alias="s", target_alias="t",
-                                predicate="t.l_orderkey = s.l_orderkey AND t.l_linenumber = s.l_linenumber")
-         .when_matched_update_all().when_not_matched_insert_all().execute())
+
+    def merges() -> None:
+        for path in batches:
+            (DeltaTable(root).merge(source=pq.read_table(path), source_alias="s", target_alias="t",
+                                    predicate="t.l_orderkey = s.l_orderkey AND t.l_linenumber = s.l_linenumber")
+             .when_matched_update_all().when_not_matched_insert_all().execute())
+    timed(scale_factor, "delta_upserts", merges)
     version = DeltaTable(root).version()
 
     def read_cdf() -> pa.Table:
@@ -171,6 +179,9 @@ def verdict(scale_factors: list[float]) -> None:
                 emit(ratio=f"{peer}/metatable seconds", scale_factor=sf, value=round(value, 2))
                 emit(target=f"speedup over {peer} >= {bound}", scale_factor=sf, value=round(value, 2),
                      met=value >= bound)
+        if (sf, "delta_upserts") in RESULTS:
+            emit(ratio="delta_upserts/metatable_upserts seconds (the 20 writes)", scale_factor=sf,
+                 value=round(RESULTS[(sf, "delta_upserts")] / RESULTS[(sf, "metatable_upserts")], 2))
     if len(scale_factors) > 1:
         small, large = min(scale_factors), max(scale_factors)
         growth = RESULTS[(large, "metatable")] / RESULTS[(small, "metatable")]
@@ -186,11 +197,13 @@ def main() -> None:
     parser.add_argument("--scale-factors", default="1,3")
     parser.add_argument("--workdir", default="bench-data")
     parser.add_argument("--no-delta", action="store_true", help="metatable and the snapshot diff only")
+    parser.add_argument("--before-images", choices=("on", "off"), default="on",
+                        help="whether metatable's writes keep before-images (changes.before_images)")
     args = parser.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     scale_factors = [float(s) for s in args.scale_factors.split(",")]
     for sf in scale_factors:
-        bench(sf, args.workdir, not args.no_delta)
+        bench(sf, args.workdir, not args.no_delta, args.before_images == "on")
     verdict(scale_factors)
 
 

@@ -124,6 +124,12 @@ OPTIONS: dict[str, Option] = {
         Option("clean.retain_hours", float, 0.0,
                "... and every file slice that commits completed in the last N hours can read (0: by count only): "
                "a change feed whose readers may stop for a day keeps 24", minimum=0.0),
+        Option("changes.before_images", bool, False,
+               "every write also keeps, per file group it writes, the rows it replaces or deletes as they were "
+               "before it (`.metatable/images/<instant>/`), so that `changes()` reads its pre-images from those "
+               "instead of from the table's pages: the rows the write replaces are read at write time, and stored "
+               "again until clean removes the slices they came from (docs/design-notes.md, \"Reading through "
+               "time\"). Delta Lake's `delta.enableChangeDataFeed` is the same trade. Not on a consistent-hashing table"),
         Option("clean.inline", bool, True, "clean after each commit"),
         Option("clean.sweep_every_s", float, 3600.0,
                "a clean also sweeps what dead processes left (staging files, markers, orphaned data files) when "

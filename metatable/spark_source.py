@@ -51,7 +51,7 @@ from metatable.file_group.slice_reader import read_slice
 from metatable.read import reads
 from metatable.read.changes import (CHANGE_COLUMNS, CHANGE_TYPE, INSERT, POSTIMAGE, as_inserts, change_units,
                                    read_changes, settled_end, window)
-from metatable.read.key_lookup import slice_rows
+from metatable.file_group.slice_rows import slice_rows
 from metatable.read.scan_filter import Conjunct, row_mask
 from metatable.spark.executors import ship_packages
 from metatable.spark.session import spark_session as local_session, to_spark_schema
@@ -225,7 +225,7 @@ class SnapshotReader(DataSourceReader):
                                   self.read_optimized)
             else:
                 wanted = [(partition.file_slice, pa.array(partition.keys, pa.string()))]
-                rows = slice_rows(table.context, table.config, wanted, self.read_optimized)[0]
+                rows = slice_rows(table.storage, table.context.paths, table.config, wanted, self.read_optimized)[0]
         rows = rows.select(self.schema.names).cast(self.schema)
         if self.filters:
             rows = rows.filter(row_mask(rows, [self.filters]))  # the pushed conjuncts, ANDed

@@ -163,6 +163,7 @@ class Resolution:
     """What a committing action must do about the concurrent ones before it commits."""
 
     rehome: frozenset[str] = frozenset()  # file groups whose files move into the slice they land in now
+    behind_writes: bool = False  # some of them behind a concurrent write's, which completed first
     abort: tuple[Instant, ...] = ()  # pending clusterings to roll back first (`abort_clustering`)
 
 
@@ -175,6 +176,7 @@ def check(this: Committer, instant: Instant, touched: Iterable[str], concurrent:
     that would."""
     touched = set(touched)
     rehome: set[str] = set()
+    behind_writes = False
     abort: list[Instant] = []
     for other in concurrent:
         shared = other.file_groups & touched
@@ -183,6 +185,7 @@ def check(this: Committer, instant: Instant, touched: Iterable[str], concurrent:
             raise conflict(this, instant, other, sorted(shared))
         if verdict is Outcome.REHOME:
             rehome |= shared
+            behind_writes |= other.instant.action in WRITE_ACTIONS
         if verdict is Outcome.ABORT_OTHER:
             abort.append(other.instant)
     writes = [c for c in concurrent if c.instant.is_completed and c.instant.action in WRITE_ACTIONS]
@@ -199,7 +202,7 @@ def check(this: Committer, instant: Instant, touched: Iterable[str], concurrent:
                 f"instant {instant.time} deletes {len(keys)} keys that it did not find when it began and that a "
                 f"concurrent write stored since (e.g. {keys[0]!r}); nothing of {instant.time} is visible, retry "
                 "the delete and it removes them")
-    return Resolution(frozenset(rehome), tuple(abort))
+    return Resolution(frozenset(rehome), behind_writes, tuple(abort))
 
 
 def conflict(this: Committer, instant: Instant, other: Concurrent, shared: list[str]) -> ConflictError:

@@ -60,18 +60,27 @@ class TableContext:
     @contextmanager
     def snapshot_kept(self, instant: str | None) -> Iterator[None]:
         """A read of the snapshot as of `instant` that meets a missing data file: where a clean that completed
-        since keeps that snapshot no longer, the read was overtaken (it took longer than the clean retains
-        commits), a SnapshotExpiredError that says so and what to do; otherwise the loss is damage, reported
-        as it was. The check is made only on the error, so reads pay nothing for it."""
+        since, or one still deleting, keeps that snapshot no longer, the read was overtaken (it took longer than
+        the clean retains commits), a SnapshotExpiredError that says so and what to do; otherwise the loss is
+        damage, reported as it was. The check is made only on the error, so reads pay nothing for it. A clean
+        deletes before it completes: the chaos run's `changes()` of a window a few commits back met a clustering's
+        file that way, and reported it as damage before the running cleans' plans were asked too."""
         try:
             yield
         except MissingFileError as e:
-            if e.metadata or instant is None or instant >= (readable := self.view().readable_from):
+            if e.metadata or instant is None or instant >= (readable := self.readable_once_cleaned()):
                 raise
             raise SnapshotExpiredError(
                 f"a clean removed files of {self.root} as of {instant} while they were read ({e.path}): snapshots "
                 f"as of {readable} or later are readable. Read again, or keep snapshots readable for longer "
                 "(clean.retain_commits, clean.retain_hours)") from None
+
+    def readable_once_cleaned(self) -> str:
+        """The earliest readable snapshot once the cleans that are running complete: the completed cleans' (the
+        view's `readable_from`) and each running clean's plan."""
+        planned = [self.timeline.plan_if_present(i).get("readable_from", "")
+                   for i in self.timeline.pending([Action.CLEAN])]
+        return max([self.view().readable_from, *planned])
 
     def read_view(self, read: Callable[[TimelineView], R], as_of: Moment | None = None) -> R:
         """`read(view)` on a new snapshot. Should a metadata index that the snapshot had ready be dropped while

@@ -36,6 +36,7 @@ from metatable.errors import ConflictError, MetadataReplacedError, after_the_com
 from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET, BaseFile, new_write_token
 from metatable.file_group.base_file_writer import new_file
+from metatable.file_group.before_images import IMAGES_KEY
 from metatable.file_group.markers import clear, mark, own_markers, written_files
 from metatable.file_group.slice_reader import base_keys_present, key_column, members, read_base, read_slice
 from metatable.file_group.written import WrittenFile
@@ -135,7 +136,9 @@ def publish(context: TableContext, c: Commit) -> Publication:
     metadata.write(time_, {p: r for p, r in records.items() if p in metadata.partitions and p in kept_partitions})
     crash_point("table.commit.metadata")
     touched = sorted({*touched, *(f.group for f in files)})  # re-homing may have moved rows into other groups
-    return Publication({**c.metadata, "file_groups": touched, "files": [f.relative for f in files],
+    # images taken before a write this one re-homed behind, or beside dual writes, are not its rows as of start
+    images = {IMAGES_KEY: not (duals or resolution.behind_writes)} if c.metadata.get(IMAGES_KEY) else {}
+    return Publication({**c.metadata, **images, "file_groups": touched, "files": [f.relative for f in files],
                         **({"dual_files": kept} if kept else {}), "indexes": sorted(maintained),
                         "completed_at": completed},
                        along=[metadata.completion(time_)])

@@ -11,6 +11,7 @@ import shutil
 
 from metatable.commit.index_states import undo_indexing
 from metatable.commit.schema_history import forget_schema
+from metatable.file_group.before_images import remove_images
 from metatable.file_group.markers import clear, written_files
 from metatable.metadata.table import MetadataTable
 from metatable.storage.base import Storage
@@ -40,6 +41,7 @@ class DataUndo:
             self.storage.delete(f"{self.paths.root}/{relative}")
         self.metadata.rollback(time)
         forget_schema(self.storage, self.paths, time)
+        remove_images(self.storage, self.paths, [time])
         shutil.rmtree(self.storage.scratch(self.paths.spill(time)), ignore_errors=True)  # a stream's spilled input
         clear(self.storage, self.paths, time)
         return {"deleted": files}

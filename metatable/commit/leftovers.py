@@ -2,9 +2,9 @@
 
 A leftover is what no live process will use and no instant will clean up: staging files (`.tmp-`) of data
 files whose writer is dead, and any older than an hour; the markers, spilled input and heartbeats of instants
-that are neither pending nor beating; data files written by instants the timeline does not have (a write
-rolled back whose files survived); and a metadata rebuild that died before it completed. Every clean sweeps
-(`services.clean`), and `metatable fsck --repair` does.
+that are neither pending nor beating; data files and before-images written by instants the timeline does not
+have (a write rolled back whose files survived); and a metadata rebuild that died before it completed. Every
+clean sweeps (`services.clean`), and `metatable fsck --repair` does.
 """
 from __future__ import annotations
 
@@ -101,6 +101,9 @@ def find_leftovers(context: TableContext, instants: list[Instant]) -> Iterator[s
                 yield path if kind == "heartbeats" else path + "/"  # a dead instant's
             elif kind == "spill" and not name.isdigit() and now - changed(path) > STAGING_MAX_AGE_S:
                 yield path + "/"  # rows a Spark data source job staged, and never committed
+    for name in storage.list(paths.images_root):  # a completed write's are kept, until clean removes them
+        if name.isdigit() and name not in known and not archived.holds(name) and dead(name):
+            yield paths.images(name) + "/"  # before-images of a write rolled back, or never on the timeline
     named = {METADATA_DIR, paths.metadata_dir, *metadata_roots(storage, paths)}  # callers hold the lock: no
     for directory in directories:                                             # rebuild is running
         name = os.path.basename(directory)

@@ -23,8 +23,9 @@ How the records are found, without a scan of the table (docs/design-notes.md, "R
 2. the records each write wrote: a log's keys (its key column: deletes are rows of it too); a base file's rows
    compared with the previous base of its file group (a copy-on-write write rewrites the group: the
    difference is what it changed; a new file group's keys are all new).
-3. those records' rows as of start (`key_lookup.live_rows`): from the file slices that hold them, and of a
-   large base file only the pages that do;
+3. those records' rows as of start: where the record's first write in the window kept before-images
+   (`changes.before_images`), the image it kept; otherwise from the file slices that hold them
+   (`key_lookup.live_rows`), and of a large base file only the pages that do;
 4. their rows as of end: the rows as of start merged with every version the window's writes wrote, in the
    order the writes completed, under the merge rule a read applies (`record_merge`): a read of the end's file
    slices would read the table's pages again for rows the window's files already hold. Their comparison with
@@ -35,6 +36,7 @@ A window that reaches back past what clean kept is a SnapshotExpiredError that n
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Collection, Sequence
 
@@ -46,9 +48,11 @@ from indexes.arrow_keys import partition_paths
 
 from metatable.commit.context import TableContext
 from metatable.commit.timeline_view import TimelineView
+from metatable.config import THREADS
 from metatable.errors import InvalidInputError, SnapshotExpiredError
 from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET, BaseFile
+from metatable.file_group.before_images import IMAGES_KEY, read_images
 from metatable.file_group.file_slice import parse_names
 from metatable.file_group.record_merge import loses, merge_versions
 from metatable.file_group.slice_reader import read_base
@@ -149,22 +153,87 @@ def changes_in(context: TableContext, index: MetadataIndex, view: TimelineView, 
         # the filter rules out count for its row as of end
         unique = config.keys_unique_across_partitions
         versions = written_versions(context, end_view, w, [] if unique else filters, partitions, config.log_schema)
-        written = records_of(config, [v for v in versions if not unique or in_reach(config, filters, v.partition)])
+        reached = [v for v in versions if not unique or in_reach(config, filters, v.partition)]
+        written = records_of(config, reached)
         log.info("changes of %s in (%s, %s]: %d writes wrote %d records", context.root, w.start, w.end,
                  len(w.writes), written.num_rows)
         if written.num_rows == 0:
             return out_schema.empty_table()
-        keys = written["key"].combine_chunks()
-        partitions = None if unique else written["partition"].combine_chunks()
-        as_of_start = view.instant_at(w.start)
-        before = (in_schema(live_rows(context, index, keys, partitions, context.view(as_of=as_of_start)),
-                            config.storage_schema) if as_of_start is not None
-                  else config.storage_schema.empty_table())
+        first = np.asarray(written["first"].to_numpy(), np.int64) if len(reached) == len(versions) else \
+            first_writes(config, written, versions)  # a record of a unique key may have moved from beyond reach
+        before = rows_as_of_start(context, index, view, w, config, written, first)
     after = rows_at_end(config, before, versions)
     table = change_records(config, written, before, after)
     if filters:
         table = table.filter(row_mask(table, filters))
     return table.select(out_schema.names)
+
+
+def rows_as_of_start(context: TableContext, index: MetadataIndex, view: TimelineView, w: Window,
+                     config: TableConfig, written: pa.Table, first: np.ndarray) -> pa.Table:
+    """The written records' rows as of the window's start, in `config`'s storage schema: for a record whose
+    first write in the window (`first`, in the order the writes completed) kept before-images, the image it
+    kept (none: the record was absent); for the others, read from the file slices as of start (`live_rows`)."""
+    storage_schema = config.storage_schema
+    as_of_start = view.instant_at(w.start)
+    if as_of_start is None:
+        return storage_schema.empty_table()
+    imaged = {int(t): t for t, meta in w.writes if meta.get(IMAGES_KEY)}
+    from_images = np.isin(first, list(imaged))
+    parts = [imaged_rows(context, config, written, first, from_images, imaged)] if from_images.any() else []
+    if not from_images.all():
+        rest = pa.array(~from_images)
+        keys = written["key"].filter(rest).combine_chunks()
+        partitions = None if config.keys_unique_across_partitions else \
+            written["partition"].filter(rest).combine_chunks()
+        parts.append(in_schema(live_rows(context, index, keys, partitions, context.view(as_of=as_of_start)),
+                               storage_schema))
+    return pa.concat_tables(parts) if parts else storage_schema.empty_table()
+
+
+def first_writes(config: TableConfig, written: pa.Table, versions: Sequence[Versions]) -> np.ndarray:
+    """`records_of`'s `first` over every version, also those beyond a filter's reach: for records whose keys
+    are unique across partitions, which may have moved from a partition the filter rules out."""
+    orders = sorted({v.order for v in versions})
+    rank_of = {order: i for i, order in enumerate(orders)}
+    counts = [v.rows.num_rows for v in versions]
+    keys = pa.chunked_array([v.rows[KEY_COLUMN] for v in versions], pa.string())
+    paths = None
+    if not config.keys_unique_across_partitions:
+        names = sorted({v.partition for v in versions})
+        number_of = {p: n for n, p in enumerate(names)}
+        paths = pa.array(names, pa.string()).take(
+            pa.array(np.repeat(np.array([number_of[v.partition] for v in versions], np.int64), counts)))
+    at = pc.index_in(identities(config, keys, paths), value_set=identities(config, written["key"],
+                                                                             written["partition"]))
+    found = valid(at)
+    rank = np.repeat(np.array([rank_of[v.order] for v in versions], np.int64), counts)[found]
+    first = np.full(written.num_rows, len(orders), np.int64)
+    np.minimum.at(first, np.asarray(at.filter(pc.is_valid(at)).to_numpy(), np.int64), rank)
+    instants = np.array([order[1] for order in orders] + [-1], np.int64)
+    return instants[first]
+
+
+def imaged_rows(context: TableContext, config: TableConfig, written: pa.Table, first: np.ndarray,
+                from_images: np.ndarray, imaged: dict[int, str]) -> pa.Table:
+    """The rows as of start of the records `from_images` marks: each one's image from its first write (`first`),
+    which kept an image of every row it replaced or deleted. Only the images of the records' partitions are
+    read (all, where keys are unique across partitions)."""
+    storage_schema = config.storage_schema
+    reach = None if config.keys_unique_across_partitions else \
+        set(written["partition"].filter(pa.array(from_images)).unique().to_pylist())
+    found = read_images(context.storage, context.paths, [imaged[t] for t in np.unique(first[from_images]).tolist()],
+                        storage_schema, reach)
+    if not found:
+        return storage_schema.empty_table()
+    rows = pa.concat_tables([rows for _, rows in found])
+    instants = [np.full(rows.num_rows, int(t), np.int64) for t, rows in found]
+    at = pc.index_in(identities(config, rows[KEY_COLUMN], None, rows),
+                     value_set=identities(config, written["key"], written["partition"]))
+    record = np.asarray(at.fill_null(0).to_numpy(zero_copy_only=False), np.int64)
+    mine = np.flatnonzero(valid(at) & from_images[record] & (first[record] == np.concatenate(instants)))
+    _, one = np.unique(record[mine], return_index=True)  # a write that wrote a group twice kept it twice
+    return in_schema(rows.take(pa.array(mine[one])), storage_schema)
 
 
 def as_inserts(rows: pa.Table, instant: str) -> pa.Table:
@@ -207,14 +276,17 @@ def written_versions(context: TableContext, view: TimelineView, w: Window, filte
              for time, meta in w.writes for relative in meta.get("files", [])]
     files = [f for f in files if (partitions is None or f[2] in partitions) and in_reach(config, filters, f[2])]
     names = view.file_sizes({p for _, _, p, n in files if not LogFile.is_log_name(n)})
-    out = []
-    for time, order, partition, name in files:
+
+    def versions(file: tuple[int, tuple[int, int], str, str]) -> Versions:
+        time, order, partition, name = file
         if LogFile.is_log_name(name):
             rows = read_data_log(context.storage, context.paths.file(partition, name), schema)[1]
         else:
             rows = rewritten_rows(context, view, partition, name, names[partition], schema)
-        out.append(Versions(time, order, partition, in_schema(rows, schema)))
-    return out
+        return Versions(time, order, partition, in_schema(rows, schema))
+
+    with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-changes") as pool:  # decoding releases the GIL
+        return list(pool.map(versions, files))
 
 
 def written_records(context: TableContext, view: TimelineView, w: Window, filters: Filter) -> pa.Table:
@@ -226,10 +298,11 @@ def records_of(config: TableConfig, versions: Sequence[Versions]) -> pa.Table:
     """Every record the versions are of, once: key, partition (null where keys are unique across partitions:
     a key names its record), and as int64 instants `written`, the last write that wrote a row of it (-1: none
     did), `deleted`, the first delete after that (NEVER: none): the write that made its state as of end,
-    whichever that state is, and `dropped`, the first delete at or before `written` (NEVER: none): a record
-    present at start and at end was deleted and inserted again. In numpy over each record's number (its
-    partition's and its key's codes): Acero's two hash aggregations took 0.47 of the 5.9 s of `changes()` of 5
-    commits at SF 1 (150,000 records)."""
+    whichever that state is, `dropped`, the first delete at or before `written` (NEVER: none): a record
+    present at start and at end was deleted and inserted again, and `first`, the first write that wrote a
+    version of it in the order the writes completed: the one whose before-image is its row as of start. In
+    numpy over each record's number (its partition's and its key's codes): Acero's two hash aggregations took
+    0.47 of the 5.9 s of `changes()` of 5 commits at SF 1 (150,000 records)."""
     unique = config.keys_unique_across_partitions
     keys = pa.chunked_array([v.rows[KEY_COLUMN] for v in versions], pa.string()).combine_chunks()
     encoded = pc.dictionary_encode(keys)
@@ -249,10 +322,15 @@ def records_of(config: TableConfig, versions: Sequence[Versions]) -> pa.Table:
     gone, dropped = np.full(len(numbers), NEVER, np.int64), np.full(len(numbers), NEVER, np.int64)
     np.minimum.at(gone, of[after], instant[after])
     np.minimum.at(dropped, of[deleted & ~after], instant[deleted & ~after])
+    orders = sorted({v.order for v in versions})
+    rank_of = {order: i for i, order in enumerate(orders)}
+    first = np.full(len(numbers), len(orders), np.int64)
+    np.minimum.at(first, of, np.repeat(np.array([rank_of[v.order] for v in versions], np.int64), counts))
     partition = pa.nulls(len(numbers), pa.string()) if unique else \
         pa.array(paths, pa.string()).take(pa.array(numbers // max(len(distinct), 1)))
     return pa.table({"key": distinct.take(pa.array(numbers % max(len(distinct), 1))), "partition": partition,
-                     "written": written, "deleted": gone, "dropped": dropped})
+                     "written": written, "deleted": gone, "dropped": dropped,
+                     "first": np.array([order[1] for order in orders] + [-1], np.int64)[first]})
 
 
 def written_since(context: TableContext, view: TimelineView) -> pa.Table | None:
@@ -377,12 +455,11 @@ def change_records(config: TableConfig, written: pa.Table, before: pa.Table, aft
     second[np.cumsum(images)[kinds == 2] - 1] = True
     from_before = (kinds[rows] == 1) | ((kinds[rows] == 2) & ~second)
     source = np.where(from_before, b_at[events[rows]], len(before) + a_at[events[rows]])
-    kind_names = np.where(kinds[rows] == 0, INSERT, np.where(kinds[rows] == 1, DELETE,
-                                                            np.where(second, POSTIMAGE, PREIMAGE)))
+    kind_codes = np.where(kinds[rows] == 2, np.where(second, 3, 2), kinds[rows])  # names from a take, not Python
     both_tables = pa.concat_tables([before, after]).select(config.schema.names)
     out = both_tables.take(pa.array(source, pa.int64()))
     instant_text = pc.utf8_lpad(pc.cast(pa.array(instants[rows], pa.int64()), pa.string()), 17, "0")
-    return (out.append_column(CHANGE_TYPE, pa.array(kind_names.astype(object), pa.string()))
+    return (out.append_column(CHANGE_TYPE, pa.array([INSERT, DELETE, PREIMAGE, POSTIMAGE]).take(kind_codes))
             .append_column(COMMIT_INSTANT, instant_text)
             .append_column(COMMIT_SEQ, pa.array(seq[rows], pa.int64())))
 

@@ -8,7 +8,6 @@ slices of the latest snapshot.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Iterable, Sequence
 
@@ -20,17 +19,10 @@ from indexes.arrow_keys import pair_groups, partition_paths, record_keys
 
 from metatable.commit.context import TableContext
 from metatable.commit.timeline_view import FileGroup, TimelineView
-from metatable.config import THREADS
 from metatable.errors import InvalidInputError
-from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.record_merge import merge_versions
-from metatable.file_group.slice_reader import base_path, log_tables, read_slice
-from metatable.formats.key_pages import key_pages, worth_probing
-from metatable.formats.row_pages import read_rows, rows_of_keys
+from metatable.file_group.slice_rows import slice_rows
 from metatable.read.locator import Explain, FileIdsOf, MetadataIndex, RecordIndex, SliceLocator
-from metatable.schema_evolution import in_schema
-from metatable.storage.base import Storage
-from metatable.table_config import KEY_COLUMN, TableConfig
+from metatable.table_config import TableConfig
 
 KeysBySlice = dict[FileGroup, pa.Array]  # the record keys to look for in each file group's slice
 
@@ -110,53 +102,8 @@ def live_rows(context: TableContext, index: MetadataIndex, keys: pa.Array, parti
     config = view.config if columns is None else view.config.reading(columns)
     slices = [(view.file_slices[group], keys)
               for group, keys in candidate_slices(context, index, keys, partitions, view).items()]
-    parts = slice_rows(context, config, slices)
+    parts = slice_rows(context.storage, context.paths, config, slices)
     return pa.concat_tables(parts) if parts else config.storage_schema.empty_table()
-
-
-def slice_rows(context: TableContext, config: TableConfig, slices: Sequence[tuple[FileSlice, pa.Array]],
-               read_optimized: bool = False) -> list[pa.Table]:
-    """For each (file slice, record keys): the live rows of those keys in the slice, in `config`'s storage
-    schema (its columns only: a projected config reads no other). From a base file, when the keys are few next
-    to its key pages, only a key page per key is read, then only the pages of the other columns that hold their
-    rows (`row_pages`, one decode per column for every such base); the slice's logs are merged on top (not
-    when `read_optimized`)."""
-    storage_schema = config.storage_schema
-    paged = [i for i, (fs, keys) in enumerate(slices)
-             if fs.base and few_keys(context.storage, base_path(context.paths, fs), keys)]
-    plans = rows_of_keys(context.storage, [base_path(context.paths, slices[i][0]) for i in paged],
-                         [slices[i][1] for i in paged])
-    readable = [(i, plan) for i, plan in zip(paged, plans) if plan is not None]
-    bases = dict(zip([i for i, _ in readable], read_rows([plan for _, plan in readable], storage_schema.names)))
-
-    def rows_of(i: int) -> pa.Table:
-        fs, keys = slices[i]
-        if i in bases:
-            base = pa.table([bases[i][f.name].cast(f.type) for f in storage_schema], schema=storage_schema)
-        else:  # the keys' rows picked before the merge, which then sorts only those
-            base = with_keys(read_slice(context.storage, context.paths, config, fs, read_optimized=True), keys)
-        if read_optimized:
-            return base
-        logs = [with_keys(t, keys) for t in log_tables(context.storage, context.paths, config, fs,
-                                                       config.log_schema.names)]
-        if not any(t.num_rows for t in logs):
-            return base
-        return merge_versions([base, *logs], config.ordering_field, storage_schema)
-
-    if len(slices) < 2:  # a scan's slice at a time: no pool to start
-        return [in_schema(rows_of(i), storage_schema) for i in range(len(slices))]
-    with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-get") as pool:
-        return [in_schema(rows, storage_schema) for rows in pool.map(rows_of, range(len(slices)))]
-
-
-def with_keys(rows: pa.Table, keys: pa.Array) -> pa.Table:
-    """The rows whose record key is one of `keys` (the few keys hashed, the many rows probed)."""
-    return rows.filter(pc.is_in(rows[KEY_COLUMN], value_set=keys))
-
-
-def few_keys(storage: Storage, path: str, keys: pa.Array) -> bool:
-    """Whether reading `keys` page by page beats reading the base file whole."""
-    return worth_probing(storage, path, len(keys)) and key_pages(storage, path) is not None
 
 
 def candidate_slices(context: TableContext, index: MetadataIndex, keys: pa.Array, partitions: pa.Array | None,

@@ -20,9 +20,10 @@ from metatable.config import THREADS
 from metatable.errors import InvalidInputError
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import base_metadata, read_slices, task_size
+from metatable.file_group.slice_rows import slice_rows
 from metatable.formats.data_log import log_row_count
 from metatable.read.changes import written_since
-from metatable.read.key_lookup import KeysBySlice, candidate_slices, live_rows, slice_rows
+from metatable.read.key_lookup import KeysBySlice, candidate_slices, live_rows
 from metatable.read.locator import MetadataIndex
 from metatable.read.scan_filter import (
     Filter, filter_columns, may_match_any, parse_filter, partition_ranges, row_mask, spark_condition)
@@ -155,7 +156,7 @@ def slice_tables(context: TableContext, plan: ScanPlan, columns: Sequence[str] |
     def read(slices: list[FileSlice]) -> pa.Table:
         if plan.keys is not None:
             wanted = [(fs, plan.keys[fs.partition, fs.file_id]) for fs in slices]
-            rows = pa.concat_tables(slice_rows(context, config, wanted, read_optimized))
+            rows = pa.concat_tables(slice_rows(context.storage, context.paths, config, wanted, read_optimized))
         else:
             rows = read_slices(context.storage, context.paths, config, slices, read_optimized)
         return matched(plan, rows, out)
@@ -185,13 +186,14 @@ def to_arrow(context: TableContext, plan: ScanPlan, read_optimized: bool = False
     (1.69M rows, four logs each) took 1.88 s on one thread, 1.42 s on two (best of three; the per-slice
     Python work holds the GIL). Several small slices a task, merged at once (`task_size`; with one log
     each, 1.28-1.49 s before, 0.66-0.74 s so). A secondary index's plan reads its records' rows from all its
-    slices at once, as `get` does (`key_lookup.slice_rows`). Allocated from the bulk pool (`arrow_memory`), as
+    slices at once, as `get` does (`slice_rows`). Allocated from the bulk pool (`arrow_memory`), as
     a write's are."""
     with bulk_memory():
         if plan.keys is not None:
             out, config = plan.projected(columns)
             wanted = [(fs, plan.keys[fs.partition, fs.file_id]) for fs in plan.slices]
-            tables = [matched(plan, rows, out) for rows in slice_rows(context, config, wanted, read_optimized)]
+            found = slice_rows(context.storage, context.paths, config, wanted, read_optimized)
+            tables = [matched(plan, rows, out) for rows in found]
         else:
             tables = list(slice_tables(context, plan, columns, read_optimized, THREADS,
                                        task_size(len(plan.slices), THREADS)))

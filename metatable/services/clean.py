@@ -20,6 +20,7 @@ from metatable.commit.index_records import cleaned_bases, removed_bases_records
 from metatable.commit.leftovers import sweep_if_due
 from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET
+from metatable.file_group.before_images import instants_with_images, remove_images
 from metatable.file_group.file_slice import parse_names
 from metatable.timeline.instant import DATA_ACTIONS, WRITE_ACTIONS, Action, Instant, nanoseconds_of
 from metatable.timeline.lifecycle import Service, run_due
@@ -136,7 +137,12 @@ def service(context: TableContext) -> Service[None]:
                 here += [lf.file_name for lf in logs if lf.file_id == file_id and lf.base_instant < floor]
                 if here:
                     doomed.setdefault(partition, []).extend(here)
-        return {"delete": doomed, "readable_from": readable_from} if doomed else None
+        # A window of changes starts at readable_from at the earliest: it needs the images of later writes only.
+        # Looked for (a listing) where writes keep them, or where this clean deletes anyway (the option was on).
+        looks = doomed or context.config.keeps_before_images
+        images = [t for t in instants_with_images(context.storage, context.paths) if t <= readable_from] \
+            if looks else []
+        return {"delete": doomed, "readable_from": readable_from, "images": images} if doomed or images else None
 
     return Service(Action.CLEAN, plan, lambda instant, plan: execute(context, instant, plan))
 
@@ -147,6 +153,7 @@ def execute(context: TableContext, instant: Instant, plan: Content) -> None:
     for start in range(0, len(paths), DELETED_AT_ONCE):
         context.storage.delete_many(paths[start:start + DELETED_AT_ONCE])
         crash_point("clean.deleting")
+    remove_images(context.storage, context.paths, plan.get("images", []))
     records: dict[str, dict[str, Any]] = removed_bases_records(context.config, cleaned_bases(doomed),
                                                                ("column_stats", "bloom_filter"))
     records["files"] = {partition: files_record(dict.fromkeys(names, 0), deleted=True)

@@ -65,6 +65,16 @@ class TablePaths:
     def markers(self, instant: str) -> str:
         return os.path.join(self.meta, "markers", instant)
 
+    @property
+    def images_root(self) -> str:
+        """Where writes keep before-images (`changes.before_images`), a directory per instant."""
+        return os.path.join(self.meta, "images")
+
+    def images(self, instant: str) -> str:
+        """The rows a write replaced or deleted as they were before it, one file per file group under its
+        partition path: `<images>/<partition path>/<file id>_<token>.log`."""
+        return os.path.join(self.images_root, instant)
+
     def spill(self, instant: str) -> str:
         """Where an in-process write of a stream keeps its input by file group until it writes them."""
         return os.path.join(self.meta, "spill", instant)

@@ -24,9 +24,11 @@ from indexes.consistent_hashing import RingPlan
 from metatable.commit.dual_writes import DUAL
 from metatable.file_group.base_file import new_write_token
 from metatable.file_group.base_file_writer import new_file, write_base_file
+from metatable.file_group.before_images import write_images
 from metatable.file_group.record_merge import dedupe_batch, loses, merge_versions, newest_of_each_key
 from metatable.file_group.slice_reader import (keep_log_columns, live_mask, log_keys, log_tables, members, read_slice,
                                                stored_values)
+from metatable.file_group.slice_rows import slice_rows
 from metatable.file_group.written import ABSENT_GROUP, NO_COUNTS, absent_row, stats_row
 from metatable.formats.data_log import write_data_log
 from metatable.formats.log_file import LogFile
@@ -102,6 +104,10 @@ class FileGroupWriter:
             counted = [stats_row(self.partition, self.file_id, None, None, 0, 0, counts)] if any(counts.values()) \
                 else []
             return counted + reported
+        if op not in ("insert", "bulk_insert"):  # an insert replaces no row
+            written_keys = incoming[KEY_COLUMN]
+            self._keep_before_images(written_keys if is_present is None else written_keys.filter(pa.array(is_present)),
+                                     cow_current)
         incoming = with_reset_markers(incoming, is_present)
         duals = self._write_duals(incoming)
         if cow_current is not None:
@@ -180,12 +186,14 @@ class FileGroupWriter:
         incoming = newest_of_each_key(rows, config.ordering_field)
         deletes = incoming[DELETED_COLUMN].to_numpy(zero_copy_only=False).astype(bool)
         markers = pa.table({KEY_COLUMN: moved_out, DELETED_COLUMN: pa.repeat(True, len(moved_out))})
-        if config.merge_on_read:
+        whole = None if config.merge_on_read else read_slice(self.storage, self.task.paths, config, self.slice)
+        if whole is None:
             present = live_mask(self.storage, self.task.paths, config, self.slice, incoming[KEY_COLUMN])
         else:
-            current = read_slice(self.storage, self.task.paths, config, self.slice)
-            current = current.filter(pa.array(~members(current[KEY_COLUMN], moved_out)))
+            current = whole.filter(pa.array(~members(whole[KEY_COLUMN], moved_out)))
             present = members(incoming[KEY_COLUMN], current[KEY_COLUMN])
+        self._keep_before_images(pa.chunked_array([*moved_out.chunks, *incoming[KEY_COLUMN].filter(pa.array(present))
+                                                   .chunks], pa.string()), whole)
         counts = {**NO_COUNTS, "inserted": int((~deletes & ~present).sum()), "updated": int((~deletes & present).sum()),
                   "deleted": len(moved_out) + int((deletes & present).sum())}
         absent = deletes & ~present
@@ -202,6 +210,20 @@ class FileGroupWriter:
             return [self._write_log(block, counts, self.file_id, base_instant, version), *reported]
         return [self._write_base(merge_versions([current, incoming], config.ordering_field, config.storage_schema),
                                  counts), *reported]
+
+    def _keep_before_images(self, keys: pa.ChunkedArray, current: pa.Table | None) -> None:
+        """With `changes.before_images`, the rows of `keys` (those this write replaces or deletes) as the slice it
+        began from holds them, kept for `changes()`; `current`: the slice's rows, where the writer read them
+        whole (copy-on-write). A merge-on-read writer reads them as `get` does, by page where few."""
+        if not self.config.keeps_before_images or self.slice is None or not len(keys):
+            return
+        if current is not None:
+            rows = current.filter(pc.is_in(current[KEY_COLUMN], value_set=keys.combine_chunks()))
+        else:
+            rows = slice_rows(self.storage, self.task.paths, self.config, [(self.slice, keys.combine_chunks())])[0]
+        if rows.num_rows:
+            write_images(self.storage, self.task.paths, self.config, self.task.instant, self.partition, self.file_id,
+                         rows)
 
     def _write_base(self, rows: pa.Table, counts: dict[str, int]) -> dict:
         written = write_base_file(self.storage, self.task.paths, self.config, self.task.instant, self.partition,

@@ -30,6 +30,7 @@ from metatable.commit.data_commit import Commit, commit
 from metatable.commit.timeline_view import TimelineView, group_name
 from metatable.errors import InvalidInputError
 from metatable.faults import crash_point
+from metatable.file_group.before_images import IMAGES_KEY
 from metatable.file_group.written import absent_deletes, counts, written_files
 from metatable.read.key_lookup import get_rows
 from metatable.read.locator import MetadataIndex
@@ -219,7 +220,8 @@ class WriteClient:
                 tally[name] = tally.get(name, 0) + n
             evolves = not written.schema.equals(view.config.schema)
             commit(context, Commit(instant, Committer.of(self.action, written), files, view.completed_times,
-                                   {"operation": operation, **tally, **({"txn": asdict(txn)} if txn else {})},
+                                   {"operation": operation, **tally, **({"txn": asdict(txn)} if txn else {}),
+                                    **({IMAGES_KEY: True} if written.keeps_before_images else {})},
                                    schema=written.schema if evolves else None, absent_deletes=absent,
                                    marked_here=not on_spark))
         result = WriteResult(instant.time, operation, files_written=len(files), seconds=time.monotonic() - started,

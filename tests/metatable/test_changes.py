@@ -17,10 +17,14 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import metatable as mt
 from metatable.errors import InvalidInputError, SnapshotExpiredError
+from metatable.file_group.before_images import instants_with_images
+from metatable.read import changes as changes_module
 from metatable.timeline.instant import datetime_from_time, moment_time
 
 from .change_stream_child import copy_changes
 from .table_model import SCHEMA as MODEL_SCHEMA, sort_rows
+from .test_table_concurrency import rows as concurrency_rows, start
+from .test_write_concurrency import held_at, wait_held
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -142,17 +146,24 @@ def between(instant: str) -> dt.datetime:
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(operations=OPERATIONS, windows=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=3,
-                                               max_size=3))
-def test_changes_and_time_travel_equal_the_model(tmp_path, table_type, index, operations, windows):
+                                               max_size=3),
+       images=st.sampled_from(["off", "on", "midway"]))
+def test_changes_and_time_travel_equal_the_model(tmp_path, table_type, index, operations, windows, images):
+    """`images`: whether writes keep before-images (`changes.before_images`), from the start or from the middle
+    of the writes on; kept from the start, `changes()` reads no row as of start from the table."""
     config, partitioned, metadata_indexes = INDEXES[index]
     path = str(tmp_path / uuid.uuid4().hex[:8])
     table = mt.Table.create(path, SCHEMA, "id", "p" if partitioned else None, table_type=table_type, index=config,
                             metadata_indexes=metadata_indexes,
                             options={"clean.retain_commits": 3, "clean.inline": False,
-                                     "compaction.trigger.log_count": 0, "clustering.small_file_limit": 1 << 20})
+                                     "compaction.trigger.log_count": 0, "clustering.small_file_limit": 1 << 20,
+                                     "changes.before_images": images == "on"})
     model = History(partitioned)
     moments = []  # every instant time of the table, and moments between them
     for step, (operation, keys) in enumerate(operations):
+        if images == "midway" and step == len(operations) // 2:
+            table.set_options({"changes.before_images": True})
+            table = mt.Table.open(path)
         if not partitioned:  # a key names its record: once per batch
             keys = list({key: (key, p) for key, p in keys}.values())
         if operation in ("upsert", "delete"):
@@ -189,6 +200,20 @@ def test_changes_and_time_travel_equal_the_model(tmp_path, table_type, index, op
 
     # changes in windows inside the retained range
     times = sorted({moment_time(m) for m in moments}) or ["20000101000000000"]
+    with pytest.MonkeyPatch.context() as patch:
+        if images == "on" and table.config.keeps_before_images:  # not on consistent hashing
+            patch.setattr(changes_module, "live_rows", not_read_from_the_table)
+        check_windows(table, model, times, windows, readable_from, partitioned)
+    kept = instants_with_images(table.context.storage, table.context.paths)
+    assert all(t > readable_from for t in kept), "clean removes the images no readable window needs"
+
+
+def not_read_from_the_table(*args, **kwargs):
+    raise AssertionError("changes() read rows as of start from the table, though every write kept before-images")
+
+
+def check_windows(table: mt.Table, model: History, times: list[str], windows: list[tuple[int, int]],
+                  readable_from: str, partitioned: bool) -> None:
     for i, j in windows:
         start, end = times[min(i, len(times) - 1)], times[min(j, len(times) - 1)]
         if start < readable_from and readable_from != "00000000000000000":
@@ -306,6 +331,42 @@ open({str(held)!r}, "w").close()
         table.changes(start)
 
 
+def test_changes_overtaken_by_a_clean_still_deleting_say_so(tmp_path, monkeypatch):
+    """As above, but the clean has deleted the files and not completed yet (held at `clean.deleting`): its plan
+    says which snapshots stay readable, so the read is still told it was overtaken. The chaos run found the
+    read reported as a damaged table before."""
+    root = str(tmp_path / "t")
+    table = mt.Table.create(root, SCHEMA, "id", table_type="copy_on_write",
+                            options={"clean.retain_commits": 2, "clean.inline": False})
+    start = table.upsert(pa.table({"id": [1, 2], "p": ["a", "b"], "v": ["0", "0"]}).cast(SCHEMA)).instant
+    for v in "12":
+        table.upsert(pa.table({"id": [1], "p": ["a"], "v": [v]}).cast(SCHEMA))
+    held, deleting = tmp_path / "held", tmp_path / "deleting"
+    cleaner = subprocess.Popen([sys.executable, "-c", f"""
+import os, time, pyarrow as pa, metatable as mt
+while not os.path.exists({str(held)!r} + ".reached"):
+    time.sleep(0.05)
+t = mt.Table.open({root!r})
+t.upsert(pa.table({{"id": [1, 2], "p": ["a", "b"], "v": ["3", "3"]}}).cast(t.schema))
+os.environ["METATABLE_PAUSE_AT"] = "clean.deleting:{deleting}"
+assert t.clean() is not None
+"""], cwd=ROOT_DIR, env={**os.environ, "PYTHONPATH": ROOT_DIR})
+    releaser = subprocess.Popen([sys.executable, "-c", f"""
+import os, time
+while not os.path.exists({str(deleting)!r} + ".reached"):
+    time.sleep(0.05)
+open({str(held)!r}, "w").close()
+"""])
+    monkeypatch.setenv("METATABLE_PAUSE_AT", f"changes.read:{held}")
+    try:
+        with pytest.raises(SnapshotExpiredError, match=r"a clean removed files of .* while they were read"):
+            table.changes(start)
+        assert not any(i.action.value == "clean" and i.is_completed for i in table.timeline())
+    finally:
+        deleting.touch()
+    assert releaser.wait(60) == 0 and cleaner.wait(60) == 0
+
+
 def test_retain_hours_keeps_every_commit_of_the_last_hours(tmp_path):
     table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", table_type="copy_on_write",
                             options={"clean.retain_commits": 1, "clean.retain_hours": 1.0})
@@ -342,7 +403,8 @@ def test_a_change_stream_killed_twice_copies_a_table_that_three_writers_keep_wri
     in the test run's session: a process of its own cost a JVM's start and warm-up), it ends with the target
     equal to the source."""
     source, target, checkpoint = (str(tmp_path / name) for name in ("source", "target", "checkpoint"))
-    for path, options in ((source, {"clean.retain_hours": 1.0}), (target, {})):  # the feed's retention: an hour
+    # the feed's retention: an hour; its writers keep before-images, which concurrent writes make stale at times
+    for path, options in ((source, {"clean.retain_hours": 1.0, "changes.before_images": True}), (target, {})):
         mt.Table.create(path, MODEL_SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2), options=options)
     env = {**os.environ, "PYTHONPATH": ROOT_DIR}
 
@@ -398,22 +460,101 @@ def test_a_change_stream_killed_twice_copies_a_table_that_three_writers_keep_wri
 @given(operations=OPERATIONS, window=st.tuples(st.integers(0, 20), st.integers(0, 20)))
 def test_spark_reads_through_time_equal_the_table(spark, tmp_path, table_type, operations, window):
     """`format("metatable")` with `as_of`, and with `start` and `end`, reads what `to_arrow` and `changes`
-    read (which the model test checks)."""
-    path = str(tmp_path / uuid.uuid4().hex[:8])
-    table = mt.Table.create(path, SCHEMA, "id", "p", table_type=table_type, options={"clean.inline": False})
+    read (which the model test checks). Every other upsert is a Spark write, whose executors keep the
+    before-images: the changes equal those of a twin table written in-process without them."""
+    path, twin_path = (str(tmp_path / uuid.uuid4().hex[:8]) for _ in range(2))
+    table, twin = (mt.Table.create(p, SCHEMA, "id", "p", table_type=table_type,
+                                   options={"clean.inline": False, "changes.before_images": images})
+                   for p, images in ((path, True), (twin_path, False)))
+    starts = {}  # the table's instant -> the twin's
     for step, (operation, keys) in enumerate(operations):
         data = pa.table({"id": [k for k, _ in keys], "p": [p for _, p in keys]})
-        if operation == "upsert":
-            table.upsert(data.append_column("v", pa.array([f"{step}-{k}" for k, _ in keys])).cast(SCHEMA))
-        elif operation == "delete":
-            table.delete(data)
-        elif operation in ("compact", "cluster"):
-            getattr(table, operation)()
+        for t in (table, twin):
+            done = None
+            if operation == "upsert":
+                rows = data.append_column("v", pa.array([f"{step}-{k}" for k, _ in keys])).cast(SCHEMA)
+                done = t.upsert(spark.createDataFrame(rows.to_pandas()) if t is table and step % 2 else rows)
+            elif operation == "delete":
+                done = t.delete(data)
+            elif operation in ("compact", "cluster"):
+                done = getattr(t, operation)()
+            instant = done.instant if isinstance(done, mt.WriteResult) else None
+            if t is table:
+                mine = instant
+            elif mine is not None:
+                starts[mine] = instant
     times = [i.time for i in table.timeline()] or ["20000101000000000"]
     start, end = (times[min(i, len(times) - 1)] for i in window)
     changes = spark.read.format("metatable").option("start", start).option("end", end).load(path)
     assert change_tuples(changes.toArrow()) == change_tuples(table.changes(start, end))
+    if start in starts and end in starts:
+        assert [t[:4] for t in change_tuples(table.changes(start, end))] == \
+            [t[:4] for t in change_tuples(twin.changes(starts[start], starts[end]))]
     if table.timeline():
         moment = between(end).isoformat()
         snapshot = spark.read.format("metatable").option("as_of", moment).load(path)
         assert rows_of(snapshot.toArrow()) == rows_of(table.to_arrow(as_of=moment))
+
+
+def test_before_images_taken_before_a_concurrent_write_to_their_file_group_are_not_used(tmp_path):
+    """A merge-on-read write that a concurrent write to the same file group completed before re-homes behind
+    it: the images it took when it began lack that write's rows, so its commit says they are not complete,
+    and `changes()` reads those records' rows as of start from the table. The concurrent write began first
+    (its instant is earlier), so a window that starts at it holds the later one alone: its rows as of start
+    are the concurrent write's, not the images'. Three processes."""
+    table = mt.Table.create(str(tmp_path / "t"), MODEL_SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=1),
+                            options={"changes.before_images": True})
+    table.upsert(pa.Table.from_pylist(concurrency_rows([1, 2], "a", "seed", 1), schema=MODEL_SCHEMA))
+    early_go, late_go = tmp_path / "early", tmp_path / "late"
+    early = start(table.path, "upsert", concurrency_rows([1], "a", "early", 3),
+                  **held_at("table.write.files", early_go))
+    wait_held(early, early_go)
+    late = start(table.path, "upsert", concurrency_rows([1, 2], "a", "late", 5),
+                 **held_at("table.write.files", late_go))
+    wait_held(late, late_go)  # both have written their files and images
+    early_go.touch()
+    assert early.wait(60) == 0, early.stderr.read()
+    late_go.touch()
+    assert late.wait(60) == 0, late.stderr.read()
+    reopened = mt.Table.open(table.path)
+    writes = [i for i in reopened.timeline() if i.action.value == "deltacommit"]
+    assert [reopened.context.timeline.read_json(i)["before_images"] for i in writes] == [True, True, False]
+    got = sorted((r["id"], r["v"], r["_change_type"]) for r in reopened.changes(writes[1].time).to_pylist())
+    assert got == sorted([(1, "early", "update_preimage"), (1, "late", "update_postimage"),
+                          (2, "seed", "update_preimage"), (2, "late", "update_postimage")])
+
+
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+def test_before_images_give_the_changes_the_table_gives_and_go_with_clean(lake, table_type):
+    """On both storages: the changes read from before-images equal those read from the table's slices (a twin
+    written the same way without them), through a key moved out of its partition (a global record index) and a
+    compaction; clean then removes the images no readable window needs."""
+    tables = [mt.Table.create(lake / name, SCHEMA, "id", "p", table_type=table_type,
+                              index=mt.IndexConfig(type="record", scope="global"),
+                              options={"changes.before_images": images, "clean.retain_commits": 2,
+                                       "clean.inline": False, "compaction.trigger.log_count": 0})
+              for name, images in (("images", True), ("twin", False))]
+    batches = [("upsert", [(1, "a", "x"), (2, "a", "y"), (3, "b", "z")]), ("upsert", [(1, "b", "x2"), (4, "b", "w")]),
+               ("delete", [(2, "a", None)]), ("compact", []), ("upsert", [(3, "b", "z2"), (1, "b", "x3")])]
+    instants: list[list[str]] = [[], []]
+    for operation, rows in batches:
+        for t, mine in zip(tables, instants):
+            data = pa.table({"id": [r[0] for r in rows], "p": [r[1] for r in rows], "v": [r[2] for r in rows]})
+            if operation == "upsert":
+                mine.append(t.upsert(data.cast(SCHEMA)).instant)
+            elif operation == "delete":
+                mine.append(t.delete(data.select(["id", "p"])).instant)
+            else:
+                t.compact()
+    images, twin = tables
+    meta = images.context.timeline.read_json(images.context.timeline.get(instants[0][1]))
+    assert meta["before_images"] is True
+    for first in range(len(instants[0]) - 1):
+        got, expected = (change_tuples(t.changes(mine[first])) for t, mine in zip(tables, instants))
+        assert [g[:4] for g in got] == [e[:4] for e in expected]
+    assert instants_with_images(images.context.storage, images.context.paths) == instants[0][1:]  # the first
+    # replaced nothing
+    images.clean()  # the last two commits stay readable: earlier images go
+    readable_from = images.context.view().readable_from
+    kept = instants_with_images(images.context.storage, images.context.paths)
+    assert kept and all(t > readable_from for t in kept) and len(kept) < len(instants[0])

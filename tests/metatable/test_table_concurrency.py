@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 import metatable as mt
+from metatable.file_group.before_images import instants_with_images
 
 from .table_model import SCHEMA, TableModel, check_metadata, data_files_on_disk, sort_rows
 from .test_storage import stopped, wait_until_stopped
@@ -120,7 +121,8 @@ def test_disjoint_writers_both_commit(table, tmp_path):
 def test_killed_writer_is_rolled_back_by_the_next(table, point):
     before = sort_rows(table.to_arrow().to_pylist())
     files_before = data_files_on_disk(table)
-    victim = start(table.path, "upsert", rows([1, 2, 3, 40], "a", "dead", 9), METATABLE_CRASH_AT=point)
+    victim = start(table.path, "upsert", rows([1, 2, 3, 40], "a", "dead", 9), {"changes.before_images": True},
+                   METATABLE_CRASH_AT=point)
     assert victim.wait(60) == -signal.SIGKILL
     assert sort_rows(mt.Table.open(table.path).to_arrow().to_pylist()) == before  # nothing half-visible
     time.sleep(0.3)
@@ -133,3 +135,4 @@ def test_killed_writer_is_rolled_back_by_the_next(table, point):
     check_metadata(survivor)
     assert data_files_on_disk(survivor) - files_before, "the next writer's files"
     assert any(i.action.value == "rollback" for i in survivor.timeline())
+    assert instants_with_images(survivor.context.storage, survivor.context.paths) == [], "the rollback removed them"

@@ -203,17 +203,17 @@ def test_paged_get_equals_the_snapshot(paged_table, table_type, ids, with_partit
     with the logs merged on top; never a whole base file."""
     table, truth = paged_table[table_type]
     probe = pa.table({"id": ids, "p": [f"q{i % 2}" for i in ids]} if with_partitions else {"id": ids})
-    import metatable.read.key_lookup as key_lookup
+    import metatable.file_group.slice_rows as slice_rows
 
     def whole_slice(*args, **kwargs):
         raise AssertionError("a base file was read whole")
 
-    original = key_lookup.read_slice
-    key_lookup.read_slice = whole_slice
+    original = slice_rows.read_slice
+    slice_rows.read_slice = whole_slice
     try:
         got = table.get(probe)
     finally:
-        key_lookup.read_slice = original
+        slice_rows.read_slice = original
     snapshot = {(r["p"], r["id"]): r for r in table.to_arrow().to_pylist()}
     expected = [snapshot[(f"q{i % 2}", i)] for i in sorted(set(ids)) if (f"q{i % 2}", i) in snapshot]
     assert sort_rows(got.to_pylist()) == sort_rows(expected)

@@ -1,0 +1,64 @@
+"""Before-images (`changes.before_images`): the rows a write replaced or deleted, as they were in the file
+slices it began from, kept so that `changes()` need not read them from the table's pages.
+
+A write's file-group writers each keep theirs in a file of their own, under the instant's directory
+(`TablePaths.images`), in a data log's format: `<partition path>/<file id>_<token>.log`. Nothing else
+reads them, so they need no marker: a rollback removes the instant's directory, the sweep one whose instant
+the timeline does not have, and clean those of instants at or before the earliest snapshot it keeps readable
+(a window of changes starts there at the earliest, so it needs the images of later writes only). The commit says whether they are complete
+(`"before_images"` in its metadata): not when a concurrent write to one of its file groups completed first
+(it re-homed behind it, and an image taken before that write is not the row that write left) nor when it
+dual-wrote into a resize.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+import pyarrow as pa
+
+from indexes.keys import NON_PARTITIONED
+
+from metatable.config import THREADS
+from metatable.file_group.base_file import new_write_token
+from metatable.formats.data_log import read_data_log, write_data_log
+from metatable.storage.base import Storage
+from metatable.storage.paths import TablePaths
+from metatable.table_config import TableConfig
+
+IMAGES_KEY = "before_images"  # commit metadata: True when the write kept the before-images of all it changed
+
+
+def write_images(storage: Storage, paths: TablePaths, config: TableConfig, instant: str, partition: str,
+                 file_id: str, rows: pa.Table) -> None:
+    """Keep `rows` (the storage schema's) as the before-images of one file group's share of `instant`."""
+    relative = TablePaths.relative(partition, f"{file_id}_{new_write_token()}.log")
+    path = os.path.join(paths.images(instant), relative)
+    storage.makedirs(os.path.dirname(path))
+    write_data_log(storage, path, instant, rows, *config.log_encoding)
+
+
+def read_images(storage: Storage, paths: TablePaths, instants: Sequence[str], schema: pa.Schema,
+                partitions: set[str] | None = None) -> list[tuple[str, pa.Table]]:
+    """The before-images the writes of `instants` kept, as (instant, rows in `schema`), of `partitions` only
+    when given; read on THREADS threads (decoding releases the GIL)."""
+    files = []
+    for instant in instants:
+        root = paths.images(instant).rstrip("/") + "/"
+        for info in storage.walk(root):
+            if partitions is None or (os.path.dirname(info.path[len(root):]) or NON_PARTITIONED) in partitions:
+                files.append((instant, info.path))
+    with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-images") as pool:
+        return list(pool.map(lambda f: (f[0], read_data_log(storage, f[1], schema)[1]), files))
+
+
+def remove_images(storage: Storage, paths: TablePaths, instants: list[str]) -> None:
+    """Delete the before-images of `instants` (a rollback's, or those clean no longer keeps readable)."""
+    for instant in instants:
+        storage.remove_dir(paths.images(instant))
+
+
+def instants_with_images(storage: Storage, paths: TablePaths) -> list[str]:
+    """The instants whose before-images are kept (one listing)."""
+    return [name for name in storage.list(paths.images_root) if name.isdigit()]
