@@ -185,7 +185,8 @@ class TableConfig:
     def keeps_before_images(self) -> bool:
         """Whether writes keep before-images (`changes.before_images`). Not on a consistent-hashing table: the
         chaos run's change records found pre-images missing there (a resize moves rows between file groups
-        while writers write and dual-write; the cause was not found), so its `changes()` reads the slices."""
+        while writers write and dual-write, and holds rows of writes after it: docs/design-notes.md, stop
+        65), so its `changes()` reads the slices."""
         return self.options["changes.before_images"] and not self.index.consistent_hashing
 
     def index_states(self) -> dict[str, str]:
