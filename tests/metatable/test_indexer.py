@@ -11,6 +11,7 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 
 import pyarrow as pa
@@ -222,10 +223,22 @@ def test_a_writers_upsert_for_the_whole_indexing(lake, tmp_path, monkeypatch):
     writers = [indexer(root, "write", str(seed), stop) for seed in (0, 1)]
     observer = mt.Table.open(root)  # the writers under way (a sleep of 1.5 s was too short on a loaded machine)
     wait_for(lambda: len(observer.context.timeline.completed([Action.DELTACOMMIT])) >= 6, timeout=120)  # 2 seeds
-    monkeypatch.setenv("METATABLE_PAUSE_AT", "indexer.built:1")  # this process's indexer: writers commit meanwhile
+    go = tmp_path / "go"  # this process's indexer is held after its build until the writers committed 8 times
+    monkeypatch.setenv("METATABLE_PAUSE_AT", f"indexer.built:{go}")  # (1 s was too short beside a loaded worker)
     table = mt.Table.open(root, options=OPTIONS)
     indexing = table.schedule_indexing(ALL)
+
+    def release() -> None:
+        try:
+            wait_for(lambda: sum(i.time > indexing for i in observer.context.timeline.completed([Action.DELTACOMMIT]))
+                     >= 8, timeout=120)
+        finally:
+            go.touch()
+
+    releaser = threading.Thread(target=release, daemon=True)  # only lets the indexer go on
+    releaser.start()
     table.run_indexing()
+    releaser.join()
     open(stop, "w").close()
     assert all(json.loads(succeeded(w)) > 3 for w in writers)
     timeline = table.context.timeline
