@@ -223,7 +223,7 @@ def reader(path: str, journal: Journal, config: dict, journals: str) -> None:
                 problems.append(f"lookup through {explained['index']} differs from the snapshot as of {instant} "
                                 f"for {[(k, 'located' if located[k] else 'not located') for k in wrong[:3]]}")
         more, settled = changes_problems(table, settled) if config.get("check_changes", True) else (None, None)
-        journal.write(snapshot=instant, rows=len(rows), checked=still, changes=bool(more is not None),
+        journal.write(snapshot=instant, rows=len(rows), checked=still, changes=more is not None,
                       problems=problems + (more or []))
         time.sleep(rng.uniform(0.05, 0.3))
 

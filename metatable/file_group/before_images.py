@@ -5,10 +5,10 @@ A write's file-group writers each keep theirs in a file of their own, under the 
 (`TablePaths.images`), in a data log's format: `<partition path>/<file id>_<token>.log`. Nothing else
 reads them, so they need no marker: a rollback removes the instant's directory, the sweep one whose instant
 the timeline does not have, and clean those of instants at or before the earliest snapshot it keeps readable
-(a window of changes starts there at the earliest, so it needs the images of later writes only). The commit says whether they are complete
-(`"before_images"` in its metadata): not when a concurrent write to one of its file groups completed first
-(it re-homed behind it, and an image taken before that write is not the row that write left) nor when it
-dual-wrote into a resize.
+(a window of changes starts there at the earliest, so it needs the images of later writes only). The commit
+says whether they are complete (`"before_images"` in its metadata): not when a concurrent write to one of its
+file groups completed first (it re-homed behind it, and an image taken before that write is not the row that
+write left) nor when it dual-wrote into a resize.
 """
 from __future__ import annotations
 

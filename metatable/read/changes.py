@@ -193,25 +193,10 @@ def rows_as_of_start(context: TableContext, index: MetadataIndex, view: Timeline
 
 def first_writes(config: TableConfig, written: pa.Table, versions: Sequence[Versions]) -> np.ndarray:
     """`records_of`'s `first` over every version, also those beyond a filter's reach: for records whose keys
-    are unique across partitions, which may have moved from a partition the filter rules out."""
-    orders = sorted({v.order for v in versions})
-    rank_of = {order: i for i, order in enumerate(orders)}
-    counts = [v.rows.num_rows for v in versions]
-    keys = pa.chunked_array([v.rows[KEY_COLUMN] for v in versions], pa.string())
-    paths = None
-    if not config.keys_unique_across_partitions:
-        names = sorted({v.partition for v in versions})
-        number_of = {p: n for n, p in enumerate(names)}
-        paths = pa.array(names, pa.string()).take(
-            pa.array(np.repeat(np.array([number_of[v.partition] for v in versions], np.int64), counts)))
-    at = pc.index_in(identities(config, keys, paths), value_set=identities(config, written["key"],
-                                                                             written["partition"]))
-    found = valid(at)
-    rank = np.repeat(np.array([rank_of[v.order] for v in versions], np.int64), counts)[found]
-    first = np.full(written.num_rows, len(orders), np.int64)
-    np.minimum.at(first, np.asarray(at.filter(pc.is_valid(at)).to_numpy(), np.int64), rank)
-    instants = np.array([order[1] for order in orders] + [-1], np.int64)
-    return instants[first]
+    are unique across partitions (a key names its record), which may have moved from a partition the filter
+    rules out."""
+    every = records_of(config, versions)
+    return np.asarray(every["first"].take(pc.index_in(written["key"], value_set=every["key"])).to_numpy(), np.int64)
 
 
 def imaged_rows(context: TableContext, config: TableConfig, written: pa.Table, first: np.ndarray,
