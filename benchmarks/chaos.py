@@ -62,6 +62,7 @@ SHARED = range(WRITERS * OWN_KEYS, WRITERS * OWN_KEYS + 100)  # and some keys ev
 WRITER_FAILURES = (ConflictError,)  # what the README documents a writer may get (retry)
 MAX_FAILED_SHARE = 0.05
 MAX_ACK_GAP_S = 30.0
+OVERTIME = 6  # a run that did too little (`--min-acks`) goes on for up to this many times its seconds
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "mor-bucket": {"table_type": "merge_on_read", "index": {"num_buckets": 4},
@@ -310,7 +311,7 @@ def roles(config: dict) -> list[str]:
 
 
 def run_config(name: str, seconds: float, workdir: str, kill_every: tuple[float, float],
-               tables: str | None = None, seed: int = 7) -> dict[str, Any]:
+               tables: str | None = None, seed: int = 7, min_acks: int = 0) -> dict[str, Any]:
     config = CONFIGS[name]
     base = os.path.join(workdir, name)
     shutil.rmtree(base, ignore_errors=True)
@@ -330,8 +331,9 @@ def run_config(name: str, seconds: float, workdir: str, kill_every: tuple[float,
     kills: Counter[str] = Counter()
     crashes: Counter[str] = Counter()
     rng = random.Random(seed)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    began = time.monotonic()
+    while time.monotonic() < began + seconds or (
+            time.monotonic() < began + seconds * OVERTIME and not enough_done(journals, config, min_acks)):
         time.sleep(rng.uniform(*kill_every))
         for role, proc in procs.items():  # a role that ended by itself crashed: start it again
             if proc.poll() is not None:
@@ -345,12 +347,24 @@ def run_config(name: str, seconds: float, workdir: str, kill_every: tuple[float,
     for proc in procs.values():
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    result = {"config": name, "seconds": seconds, "kills": dict(kills), "crashes": dict(crashes),
+    result = {"config": name, "seconds": seconds, "ran_s": round(time.monotonic() - began, 1), "kills": dict(kills),
+              "crashes": dict(crashes),
               **final_checks(path, journals)}
     if crashes:  # a role died by itself: an error it did not expect (its stderr has the traceback)
         result["ok"] = False
         result["crashed"] = {role: tail(os.path.join(journals, f"{role}.stderr")) for role in crashes}
     return result
+
+
+def enough_done(journals: str, config: dict, min_acks: int) -> bool:
+    """Whether the writers acknowledged `min_acks` writes and the reader compared a snapshot (and change
+    records, where they are checked): a run goes on past its seconds until then. On a machine that other
+    work keeps busy a short run did too little to check: 1 acknowledged write in 15 s, beside the suite's
+    benchmarks on 2 cores, 12 alone."""
+    acks = sum("ack" in e for i in range(WRITERS) for e in read_journal(os.path.join(journals, f"writer-{i}.jsonl")))
+    reads = read_journal(os.path.join(journals, "reader.jsonl"))
+    compared = any(e.get("changes") for e in reads) or not config.get("check_changes", True)
+    return acks >= min_acks and any("snapshot" in e for e in reads) and compared
 
 
 def tail(path: str) -> str:
@@ -444,6 +458,9 @@ def main() -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {list(CONFIGS)}")
     parser.add_argument("--kill-every", default="2,5", help="seconds between kills: MIN,MAX")
     parser.add_argument("--seed", type=int, default=7, help="of the kill schedule (which role, when)")
+    parser.add_argument("--min-acks", type=int, default=0,
+                        help=f"go on past --seconds (up to {OVERTIME}x) until the writers acknowledged this many "
+                        "writes and the reader compared snapshots and changes")
     parser.add_argument("--workdir", help="where the tables and journals go (default: a temporary directory)")
     parser.add_argument("--tables", help="where the tables go instead: a directory or an s3:// prefix")
     parser.add_argument("--role", help=argparse.SUPPRESS)
@@ -458,7 +475,7 @@ def main() -> int:
     low, high = map(float, args.kill_every.split(","))
     ok = True
     for name in args.configs.split(","):
-        result = run_config(name, args.seconds, workdir, (low, high), args.tables, args.seed)
+        result = run_config(name, args.seconds, workdir, (low, high), args.tables, args.seed, args.min_acks)
         emit(**result)
         ok &= result["ok"]
     return 0 if ok else 1

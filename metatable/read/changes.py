@@ -180,7 +180,7 @@ def rows_as_of_start(context: TableContext, index: MetadataIndex, view: Timeline
         return storage_schema.empty_table()
     imaged = {int(t): t for t, meta in w.writes if meta.get(IMAGES_KEY)}
     from_images = np.isin(first, list(imaged))
-    parts = [imaged_rows(context, config, written, first, from_images, imaged)] if from_images.any() else []
+    parts = [imaged_rows(context, config, w.start, written, first, from_images, imaged)] if from_images.any() else []
     if not from_images.all():
         rest = pa.array(~from_images)
         keys = written["key"].filter(rest).combine_chunks()
@@ -199,7 +199,7 @@ def first_writes(config: TableConfig, written: pa.Table, versions: Sequence[Vers
     return np.asarray(every["first"].take(pc.index_in(written["key"], value_set=every["key"])).to_numpy(), np.int64)
 
 
-def imaged_rows(context: TableContext, config: TableConfig, written: pa.Table, first: np.ndarray,
+def imaged_rows(context: TableContext, config: TableConfig, start: str, written: pa.Table, first: np.ndarray,
                 from_images: np.ndarray, imaged: dict[int, str]) -> pa.Table:
     """The rows as of start of the records `from_images` marks: each one's image from its first write (`first`),
     which kept an image of every row it replaced or deleted. Only the images of the records' partitions are
@@ -209,6 +209,8 @@ def imaged_rows(context: TableContext, config: TableConfig, written: pa.Table, f
         set(written["partition"].filter(pa.array(from_images)).unique().to_pylist())
     found = read_images(context.storage, context.paths, [imaged[t] for t in np.unique(first[from_images]).tolist()],
                         storage_schema, reach)
+    if (expired := context.expired_since(start, "the writes' before-images")) is not None:
+        raise expired  # a clean removed some while they were listed: a missing image would read as an insert
     if not found:
         return storage_schema.empty_table()
     rows = pa.concat_tables([rows for _, rows in found])

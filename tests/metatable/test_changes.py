@@ -367,6 +367,36 @@ open({str(held)!r}, "w").close()
     assert releaser.wait(60) == 0 and cleaner.wait(60) == 0
 
 
+def test_changes_whose_before_images_a_clean_removes_meanwhile_say_so(tmp_path, monkeypatch):
+    """A clean that completes while `changes()` runs removes the before-images of writes it no longer keeps
+    readable; the read lists the images, so a removed one is only missing, and the update it held read as an
+    insert (the chaos run found that). The read asks afterwards whether a clean overtook it."""
+    root = str(tmp_path / "t")
+    table = mt.Table.create(root, SCHEMA, "id", options={"clean.retain_commits": 1, "clean.inline": False,
+                                                          "changes.before_images": True})
+    start = table.upsert(pa.table({"id": [1, 2], "p": ["a", "b"], "v": ["0", "0"]}).cast(SCHEMA)).instant
+    update = table.upsert(pa.table({"id": [1], "p": ["a"], "v": ["1"]}).cast(SCHEMA)).instant
+    assert [r["_change_type"] for r in table.changes(start).to_pylist()] == ["update_preimage", "update_postimage"]
+    held = tmp_path / "held"
+    cleaner = subprocess.Popen([sys.executable, "-c", f"""
+import os, time, pyarrow as pa, metatable as mt
+while not os.path.exists({str(held)!r} + ".reached"):
+    time.sleep(0.05)
+t = mt.Table.open({root!r})
+t.upsert(pa.table({{"id": [2], "p": ["b"], "v": ["2"]}}).cast(t.schema))
+assert t.clean() is not None
+open({str(held)!r}, "w").close()
+"""], cwd=ROOT_DIR, env={**os.environ, "PYTHONPATH": ROOT_DIR})
+    monkeypatch.setenv("METATABLE_PAUSE_AT", f"changes.read:{held}")
+    try:
+        with pytest.raises(SnapshotExpiredError, match=r"a clean removed files of .* before-images"):
+            table.changes(start)
+    finally:
+        held.touch()
+    assert cleaner.wait(60) == 0
+    assert update not in instants_with_images(table.context.storage, table.context.paths)  # the clean removed them
+
+
 def test_retain_hours_keeps_every_commit_of_the_last_hours(tmp_path):
     table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", table_type="copy_on_write",
                             options={"clean.retain_commits": 1, "clean.retain_hours": 1.0})
