@@ -183,10 +183,10 @@ class TableConfig:
 
     @property
     def keeps_before_images(self) -> bool:
-        """Whether writes keep before-images (`changes.before_images`). Not on a consistent-hashing table: the
-        chaos run's change records found pre-images missing there (a resize moves rows between file groups
-        while writers write and dual-write, and holds rows of writes after it: docs/design-notes.md, stop
-        65), so its `changes()` reads the slices."""
+        """Whether writes keep before-images (`changes.before_images`). Not on a consistent-hashing table: with
+        them, the chaos run's change records found pre-images missing there in 2 of 4 runs (a resize moves rows
+        between file groups while writers write and dual-write; the cause was not found), so its `changes()`
+        reads the slices (docs/design-notes.md, stops 65 and 66)."""
         return self.options["changes.before_images"] and not self.index.consistent_hashing
 
     def index_states(self) -> dict[str, str]:

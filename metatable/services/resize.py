@@ -6,10 +6,13 @@ here; `clustering` runs it like any plan (one task per group, rows routed by the
   children) or merge (the old file groups, one child). Bounded by `clustering.resize.max_bytes` and
   `clustering.resize.max_partitions`. The plan keeps each pending ring and the seq_no it was planned against.
 - Before reading, the resize waits for the writes that began before its plan (they do not know it, so they
-  cannot dual-write); then it reads the old file groups as they are, so those writes are in.
+  cannot dual-write); then it reads the old file groups as they are, so those writes are in. On a merge-on-read
+  table it leaves out the files of writes after its plan: their dual logs bring those rows, named by each
+  write's own instant, so that a snapshot as of the resize holds no row of a later write.
 - Commit (under the lock): if a partition's ring changed since planning, the resize fails (rolled back; plan
   it again). Otherwise the catch-up adopts the dual-write logs of every write that committed meanwhile
-  (`dual_writes`), in completion order: merge-on-read copies them as the children's first logs,
+  (`dual_writes`), in completion order: merge-on-read copies them as the children's first logs (a child the
+  resize wrote no base for gets them merged into one, which still carries the resize's instant),
   copy-on-write merges them into the children's base files. The new ring (seq_no + 1, instant = the
   replacecommit) goes into the metadata deltacommit of the same instant as the new files.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -106,11 +109,15 @@ def resize_groups(partition: str, committed: Ring, pending: Ring, refs: dict[str
             for children, olds in sorted(by_children.items()) if any(o in refs for o in olds)]
 
 
-def as_of_now(plan: ClusteringPlan, view: TimelineView) -> ClusteringPlan:
+def as_of_now(plan: ClusteringPlan, view: TimelineView, instant: str) -> ClusteringPlan:
     """The plan over the old file groups as they are now (the writes before it added to them, or created
-    some), so that the resize reads every row those writes committed."""
+    some), so that the resize reads every row those writes committed. On a merge-on-read table, without what
+    writes after the plan added (`before_plan`)."""
     groups: list[Group] = []
     by_partition = slices_by_partition(view)
+    if view.config.merge_on_read:
+        by_partition = {p: {fid: before_plan(fs, instant) for fid, fs in slices.items()}
+                        for p, slices in by_partition.items()}
     for pending in plan.rings:
         committed = view.rings.get(pending.partition)
         if committed is None or committed.seq_no != pending.seq_no:
@@ -119,6 +126,18 @@ def as_of_now(plan: ClusteringPlan, view: TimelineView) -> ClusteringPlan:
         refs = {fid: slice_ref(view, fs) for fid, fs in by_partition.get(pending.partition, {}).items()}
         groups += resize_groups(pending.partition, committed, pending, refs)
     return ClusteringPlan(plan.strategy, tuple(groups), plan.sort_columns, plan.num_buckets, plan.rings)
+
+
+def before_plan(fs: FileSlice, instant: str) -> FileSlice:
+    """A merge-on-read slice without the files of writes that began after the resize's plan (`instant`): they
+    dual-wrote their rows, whose logs the resize adopts under their own instants (`CatchUp`), so its base files,
+    which carry its instant, hold none of a later write's rows and a snapshot as of it sees none. The chaos
+    run's change records found a later write's rows in the snapshot as of the resize, and in no window of
+    changes. Copy-on-write rewrites whole bases: there a later write's base holds the earlier rows too, and the
+    resize reads it (docs/design-notes.md, "Consistent hashing")."""
+    if fs.base is not None and fs.base.instant > instant:
+        return replace(fs, base=None, logs=())
+    return replace(fs, logs=tuple(lf for lf in fs.logs if lf.instant < instant))
 
 
 def replacements(plan: ClusteringPlan, view: TimelineView) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -180,7 +199,11 @@ class CatchUp:
             base = next((f for f in out if (f.partition, f.file_id, f.kind) == (partition, file_id, "base")), None)
             if config.merge_on_read and base is not None:  # the child's first logs, in completion order
                 for version, name in enumerate(names, start=1):
-                    target = LogFile(file_id, self.instant, version, f"{self.instant}-catchup{version}")
+                    # named by the write's instant, not the resize's: a snapshot as of the resize (or of any
+                    # moment before the write) must not see the write's rows; the chaos run's change records
+                    # found them in the snapshot as of the resize and in no window
+                    written_at = LogFile.parse(name).instant
+                    target = LogFile(file_id, self.instant, version, f"{written_at}-catchup{version}")
                     path = new_file(context.storage, context.paths, self.instant, partition, target.file_name)
                     data = context.storage.read(context.paths.file(partition, name))
                     context.storage.write_atomic(path, data)
