@@ -71,7 +71,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "mor-consistent-hashing": {"table_type": "merge_on_read",
                                "index": {"type": "bucket", "engine": "consistent_hashing", "num_buckets": 2},
                                "metadata_indexes": ["column_stats"], "indexer": ["record_index"],
-                               "options": {"write.target_file_size": 48 << 10}},
+                               "options": {"write.target_file_size": 48 << 10, "changes.before_images": True}},
     "cow-bloom": {"table_type": "copy_on_write", "index": {"type": "bloom"},
                   "metadata_indexes": ["column_stats", "bloom_filter"], "indexer": ["record_index"],
                   "options": {"changes.before_images": True}},

@@ -201,7 +201,7 @@ def test_changes_and_time_travel_equal_the_model(tmp_path, table_type, index, op
     # changes in windows inside the retained range
     times = sorted({moment_time(m) for m in moments}) or ["20000101000000000"]
     with pytest.MonkeyPatch.context() as patch:
-        if images == "on" and table.config.keeps_before_images:  # not on consistent hashing
+        if images == "on" and table.config.keeps_before_images:
             patch.setattr(changes_module, "live_rows", not_read_from_the_table)
         check_windows(table, model, times, windows, readable_from, partitioned)
     kept = instants_with_images(table.context.storage, table.context.paths)
