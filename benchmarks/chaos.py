@@ -355,9 +355,8 @@ def run_config(name: str, seconds: float, workdir: str, kill_every: tuple[float,
 
 def enough_done(journals: str, min_acks: int) -> bool:
     """Whether the writers acknowledged `min_acks` writes and the reader compared a snapshot and change
-    records: a run goes on past its seconds until then. On a machine that other
-    work keeps busy a short run did too little to check: 1 acknowledged write in 15 s, beside the suite's
-    benchmarks on 2 cores, 12 alone."""
+    records: a run goes on past its seconds until then. On a machine that other work keeps busy a short run
+    did too little to check: 1 acknowledged write in 15 s beside the suite's benchmarks on 2 cores, 12 alone."""
     acks = sum("ack" in e for i in range(WRITERS) for e in read_journal(os.path.join(journals, f"writer-{i}.jsonl")))
     reads = read_journal(os.path.join(journals, "reader.jsonl"))
     return acks >= min_acks and any("snapshot" in e for e in reads) and any(e.get("changes") for e in reads)
