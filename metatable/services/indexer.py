@@ -8,9 +8,10 @@ drop them, without blocking writers.
 - **Execute**: (1) build each partition's bases from every file slice as of t: one SST per file group, named
   by T, so the logs writers add meanwhile (which name T as their base, as they would a pending compaction's)
   apply on top; (2) catch up every instant completed after t that did not write the partitions (its commit
-  metadata lists the indexes it wrote), applying it from its commit metadata and files as log blocks of that
-  instant; (3) wait for writes that began before the schedule and are still running with a live heartbeat,
-  so that the instant the indexing records as caught up to has nothing pending before it; up to
+  metadata lists the indexes it wrote; one that completed before the schedule wrote, if anything, an index of
+  the same name dropped since: the plan lists them), applying it from its commit metadata and files as log
+  blocks of that instant; (3) wait for writes that began before the schedule and are still running with a
+  live heartbeat, so that the instant the indexing records as caught up to has nothing pending before it; up to
   `indexer.catchup_timeout_s`, then abort: the partitions are removed and a new schedule starts afresh;
   (4) under the lock: a last catch-up, complete the indexing (it records the instant it caught up to), then
   the partitions become `ready`. A process that dies between the two is finished by the next call
@@ -49,6 +50,7 @@ from metatable.timeline.lifecycle import Service, run_pending
 log = logging.getLogger(__name__)
 
 WAIT_POLL_S = 0.2
+CAUGHT_UP_ACTIONS = (*DATA_ACTIONS, Action.CLEAN)  # the instants whose records a build catches up
 # entries (a forward and a reverse per row) per file group of a secondary index built for an existing table:
 # the build sorts one file group at a time, so its memory follows this, not the table
 ENTRIES_PER_FILE_GROUP = 4_000_000
@@ -138,6 +140,7 @@ def schedule(context: TableContext, partitions: Sequence[str],
                 transactions.rollback(stale)
         t = up_to(context)
         plan = {"partitions": counts, "up_to": t, "secondary_indexes": definitions,
+                "completed_before_schedule": completed_after(context, t),
                 "file_groups": {file_group_id(p, i): {"partition": p, "index": i}
                                 for p, n in counts.items() for i in range(n)}}
         instant = transactions.schedule(Action.INDEXING, plan)
@@ -146,6 +149,14 @@ def schedule(context: TableContext, partitions: Sequence[str],
         save_states(context.storage, context.paths, {**states, **dict.fromkeys(partitions, BUILDING)}, definitions)
     log.info("scheduled indexing %s of %s (index up to %s)", instant.time, partitions, t)
     return instant.time
+
+
+def completed_after(context: TableContext, t: str | None) -> list[str]:
+    """The instants completed after `t` (those the build does not read), as the schedule finds them under the
+    lock: whatever their metadata lists, they wrote none of the partitions it creates. The chaos run read a
+    record index rebuilt after a drop without the keys of writes between `up_to` and the drop: they had written
+    the dropped index, and their `indexes` named it."""
+    return [i.time for i in context.timeline.completed(CAUGHT_UP_ACTIONS) if t is None or i.time > t]
 
 
 def estimated_rows(context: TableContext) -> int:
@@ -172,10 +183,11 @@ def execute(context: TableContext, instant: Instant, plan: dict[str, Any], spark
     t = plan["up_to"]
     counts = build(context, instant.time, partitions, t, spark)
     crash_point("indexer.built")
-    applied = catch_up(context, instant, partitions, t)
+    unwritten = frozenset(plan.get("completed_before_schedule", ()))
+    applied = catch_up(context, instant, partitions, t, unwritten)
     with context.transactions.lock.held():
         context.transactions.recover()
-        applied += apply_missed(context, instant, partitions, t, applied)
+        applied += apply_missed(context, instant, partitions, t, unwritten, applied)
         caught_up = last_completed(context)
         crash_point("indexer.ready")
         context.metadata.reread()  # the bases it built are visible from its commit on: listed again
@@ -210,7 +222,8 @@ def ensure_building(context: TableContext, instant: Instant, partitions: dict[st
 
 
 # -- catch-up ---------------------------------------------------------------------------------------------
-def catch_up(context: TableContext, indexing: Instant, partitions: dict[str, int], t: str | None) -> list[str]:
+def catch_up(context: TableContext, indexing: Instant, partitions: dict[str, int], t: str | None,
+             unwritten: frozenset[str]) -> list[str]:
     """Apply missed instants until no write that began before the schedule is still running (or time out)."""
     timeout = context.config.options["indexer.catchup_timeout_s"]
     deadline = time.monotonic() + timeout
@@ -218,7 +231,7 @@ def catch_up(context: TableContext, indexing: Instant, partitions: dict[str, int
     while True:
         with context.transactions.lock.held():
             context.transactions.recover()
-        applied += apply_missed(context, indexing, partitions, t, applied)
+        applied += apply_missed(context, indexing, partitions, t, unwritten, applied)
         running = [i for i in context.timeline.pending(DATA_ACTIONS)
                    if i.time < indexing.time and i.state is State.INFLIGHT and not context.timeline.is_expired(i)]
         if not running:
@@ -233,15 +246,17 @@ def catch_up(context: TableContext, indexing: Instant, partitions: dict[str, int
 
 
 def apply_missed(context: TableContext, indexing: Instant, partitions: dict[str, int], t: str | None,
-                 done: Iterable[str]) -> list[str]:
-    """Apply every instant completed after `t` that did not write all of `partitions` (and was not applied)."""
+                 unwritten: frozenset[str], done: Iterable[str]) -> list[str]:
+    """Apply every instant completed after `t` that did not write all of `partitions` (and was not applied):
+    those of `unwritten` (completed before the schedule: `completed_after`) wrote none of them."""
     done = set(done)
     applied = []
-    for instant in context.timeline.completed([*DATA_ACTIONS, Action.CLEAN]):
+    for instant in context.timeline.completed(CAUGHT_UP_ACTIONS):
         if (t is not None and instant.time <= t) or instant.time in done:
             continue
         meta = context.timeline.read_json(instant)
-        missing = [p for p in partitions if p not in meta.get("indexes", ())]
+        written = () if instant.time in unwritten else meta.get("indexes", ())
+        missing = [p for p in partitions if p not in written]
         if not missing:
             continue
         records = instant_records(context, instant, meta, missing, indexing.time)

@@ -315,6 +315,22 @@ def test_e_scheduled_then_dropped_before_running(tmp_path):
     check_all(root, tmp_path, ["record_index", "column_stats"])
 
 
+def test_e_rebuilt_after_a_drop_while_a_write_is_inflight(tmp_path):
+    """The rebuild of a dropped index, scheduled while a write that began before is inflight: its build is as
+    of the instant before that write (`up_to`). A write that completed after that instant, before the drop,
+    wrote only the dropped index, which is gone: it is caught up all the same. The chaos run read a rebuilt
+    record index without such writes' keys."""
+    root = str(tmp_path / "t")
+    table = make(root, ["record_index"])
+    held = held_writer(table, range(1000, 1010), "p0", "held", 2, seconds=3)  # inflight: up_to stops before it
+    table.upsert(pa.Table.from_pylist(rows(range(2000, 2010), "p1", "before the drop"), schema=SCHEMA))
+    table.drop_index("record_index")
+    table.schedule_indexing(["record_index"])
+    succeeded(held)
+    table.run_indexing()
+    check_indexes(root, ["record_index"])
+
+
 @pytest.mark.slow
 def test_f_dropped_while_writers_write(tmp_path):
     root = str(tmp_path / "t")
