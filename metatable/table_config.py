@@ -183,10 +183,7 @@ class TableConfig:
 
     @property
     def keeps_before_images(self) -> bool:
-        """Whether writes keep before-images (`changes.before_images`), on every index. Consistent hashing was
-        left out in stop 65: the chaos run found pre-images missing there (an insert of a present record), most
-        likely a clean removing images as `changes()` listed them, fixed in stop 66; 5 of 5 chaos runs with
-        them passed since."""
+        """Whether writes keep before-images (`changes.before_images`), on every index and table type."""
         return self.options["changes.before_images"]
 
     def index_states(self) -> dict[str, str]:
