@@ -16,9 +16,11 @@ one of them SIGKILLed every few seconds and started again. What must hold, and i
   30 seconds passes without an acknowledged write.
 
 One JSON line per configuration (commits, kills by role, failures by kind, the checks); exit 1 when a check
-fails. `make test` runs a short version of each configuration (tests/test_chaos.py).
+fails. `make test` runs a short version of each configuration but `mor-consistent-hashing-churn`, a soak's
+(tests/test_chaos.py).
 
-    python benchmarks/chaos.py [--seconds 600] [--configs mor-bucket,mor-consistent-hashing,cow-bloom,mor-record]
+    python benchmarks/chaos.py [--seconds 600] [--configs mor-bucket,mor-consistent-hashing,cow-bloom,mor-record,
+                                                          mor-consistent-hashing-churn]
         [--tables s3://bucket/prefix]   # the tables on an object store (AWS_* variables), journals local
         [--seed 7]                       # of the kill schedule
 """
@@ -72,6 +74,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
                                "index": {"type": "bucket", "engine": "consistent_hashing", "num_buckets": 2},
                                "metadata_indexes": ["column_stats"], "indexer": ["record_index"],
                                "options": {"write.target_file_size": 48 << 10, "changes.before_images": True}},
+    # a soak's: small file groups split and merge again and again (the suite's runs resize about once)
+    "mor-consistent-hashing-churn": {"table_type": "merge_on_read",
+                                     "index": {"type": "bucket", "engine": "consistent_hashing", "num_buckets": 2},
+                                     "metadata_indexes": ["column_stats"], "indexer": ["record_index"],
+                                     "options": {"write.target_file_size": 5 << 10, "bucket.split_point": "middle",
+                                                 "bucket.split_threshold": 1.5, "bucket.merge_threshold": 1.3,
+                                                 "changes.before_images": True},
+                                     # a resize waits for no pending compaction in its partition
+                                     "pauses": {"compactor": (3.0, 6.0)}},
     "cow-bloom": {"table_type": "copy_on_write", "index": {"type": "bloom"},
                   "metadata_indexes": ["column_stats", "bloom_filter"], "indexer": ["record_index"],
                   "options": {"changes.before_images": True}},
@@ -111,14 +122,20 @@ def read_journal(path: str) -> list[dict]:
 
 
 # -- roles (each runs in a process of its own until killed) ------------------------------------------------
-def open_table(path: str) -> mt.Table:
-    return mt.Table.open(path, options=OPTIONS)
+def table_options(config: dict) -> dict[str, Any]:
+    """What every role opens the table with: the run's options and the configuration's own (an option given
+    at open wins over the table's: without the configuration's, its file sizes were the run's)."""
+    return {**OPTIONS, **config.get("options", {})}
+
+
+def open_table(path: str, config: dict) -> mt.Table:
+    return mt.Table.open(path, options=table_options(config))
 
 
 def writer(path: str, journal: Journal, index: int, config: dict) -> None:
     done = [e["op"] for e in read_journal(journal.out.name) if "op" in e]
     op = max(done, default=-1) + 1  # a restarted writer goes on with new versions of its Txn
-    table = open_table(path)
+    table = open_table(path, config)
     while True:
         rng = random.Random(index * 1_000_003 + op)
         own = range(index * OWN_KEYS, (index + 1) * OWN_KEYS)
@@ -144,10 +161,11 @@ def writer(path: str, journal: Journal, index: int, config: dict) -> None:
 
 def service(path: str, journal: Journal, name: str, config: dict) -> None:
     """Compaction, clustering (or resize), clean or the indexer, again and again."""
-    table = open_table(path)
+    table = open_table(path, config)
     rng = random.Random(os.getpid())
+    pause = config.get("pauses", {}).get(name, (0.3, 1.5))
     while True:
-        time.sleep(rng.uniform(0.3, 1.5))
+        time.sleep(rng.uniform(*pause))
         try:
             if name == "compactor":
                 done = table.compact()
@@ -178,8 +196,8 @@ def index_step(table: mt.Table, rng: random.Random, partitions: list[str]) -> An
     return None
 
 
-def reader(path: str, journal: Journal, journals: str) -> None:
-    table = open_table(path)
+def reader(path: str, journal: Journal, journals: str, config: dict) -> None:
+    table = open_table(path, config)
     previous = ""
     settled: tuple[str, dict] | None = None  # the last settled snapshot read: its instant and rows
     rng = random.Random(os.getpid())
@@ -290,7 +308,7 @@ def run_role(args: argparse.Namespace) -> None:
     if args.role.startswith("writer-"):
         writer(args.table, journal, int(args.role.split("-")[1]), config)
     elif args.role == "reader":
-        reader(args.table, journal, args.journals)
+        reader(args.table, journal, args.journals, config)
     else:
         service(args.table, journal, args.role, config)
 
@@ -299,7 +317,7 @@ def run_role(args: argparse.Namespace) -> None:
 def create(path: str, config: dict) -> None:
     mt.Table.create(path, SCHEMA, ["id"], ["p"], "ts", table_type=config["table_type"],
                     index=mt.IndexConfig(**config["index"]), metadata_indexes=config["metadata_indexes"],
-                    options={**OPTIONS, **config.get("options", {})})
+                    options=table_options(config))
 
 
 def roles(config: dict) -> list[str]:
@@ -346,7 +364,7 @@ def run_config(name: str, seconds: float, workdir: str, kill_every: tuple[float,
         proc.wait()
     result = {"config": name, "seconds": seconds, "ran_s": round(time.monotonic() - began, 1), "kills": dict(kills),
               "crashes": dict(crashes),
-              **final_checks(path, journals)}
+              **final_checks(path, journals, config)}
     if crashes:  # a role died by itself: an error it did not expect (its stderr has the traceback)
         result["ok"] = False
         result["crashed"] = {role: tail(os.path.join(journals, f"{role}.stderr")) for role in crashes}
@@ -369,9 +387,9 @@ def tail(path: str) -> str:
     return "\n".join(lines[starts[-1]:] if starts else lines[-20:])[-2500:]
 
 
-def final_checks(path: str, journals: str) -> dict[str, Any]:
+def final_checks(path: str, journals: str, config: dict) -> dict[str, Any]:
     time.sleep(OPTIONS["heartbeat.interval_s"] * (OPTIONS["heartbeat.tolerable_misses"] + 2))  # the dead are dead
-    table = open_table(path)
+    table = open_table(path, config)
     recovered = table.rollback()
     fsck = table.fsck()
     committed: dict[tuple[str, int], tuple[int, str]] = {}

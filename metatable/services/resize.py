@@ -12,9 +12,9 @@ here; `clustering` runs it like any plan (one task per group, rows routed by the
 - Commit (under the lock): if a partition's ring changed since planning, the resize fails (rolled back; plan
   it again). Otherwise the catch-up adopts the dual-write logs of every write that committed meanwhile
   (`dual_writes`), in completion order: merge-on-read copies them as the children's first logs (a child the
-  resize wrote no base for gets them merged into one, which still carries the resize's instant),
-  copy-on-write merges them into the children's base files. The new ring (seq_no + 1, instant = the
-  replacecommit) goes into the metadata deltacommit of the same instant as the new files.
+  resize wrote no base for gets an empty one first), copy-on-write merges them into the children's base files.
+  The new ring (seq_no + 1, instant = the replacecommit) goes into the metadata deltacommit of the same instant
+  as the new files.
 """
 from __future__ import annotations
 
@@ -197,7 +197,13 @@ class CatchUp:
         out = list(files)
         for (partition, file_id), names in sorted(by_group.items()):
             base = next((f for f in out if (f.partition, f.file_id, f.kind) == (partition, file_id, "base")), None)
-            if config.merge_on_read and base is not None:  # the child's first logs, in completion order
+            if config.merge_on_read and base is None:  # a child the resize read no row for: an empty base of the
+                # resize's instant, so that the adopted rows stay logs of their own writes' instants (merged into
+                # a base, a snapshot as of the resize showed them)
+                base = merge_into_base(context.storage, context.paths, config, self.instant, partition, file_id,
+                                       config.storage_schema.empty_table(), [], self.write_token)
+                out.append(base)
+            if config.merge_on_read:  # the child's first logs, in completion order
                 for version, name in enumerate(names, start=1):
                     # named by the write's instant, not the resize's: a snapshot as of the resize (or of any
                     # moment before the write) must not see the write's rows; the chaos run's change records

@@ -88,9 +88,13 @@ class Timeline:
             latest, gap = self._listing(names)
             if gap is None:
                 # read after the listing (see the module docstring of `archive`); the one read after the last
-                # listing still holds when no file of it is gone: an archival replaces the summary before it
-                # removes the instants it archived, so every instant missing now was missing then
-                summary = cached[2] if cached is not None and set(cached[0]) <= set(names) else \
+                # listing still holds when that listing had an active instant and no file of it is gone: an
+                # archival moves a prefix of the active timeline, replaces the summary first and removes the
+                # instants oldest first, so it archived nothing newer than an instant still listed. With no
+                # active instant then, instants made since may have been archived since: a process that listed
+                # an empty timeline saw none of them (the chaos run's consistent-hashing compaction then wrote
+                # a partition's initial ring again over its resized one)
+                summary = cached[2] if cached is not None and cached[1] and set(cached[0]) <= set(names) else \
                     self.archive.summary()
                 # an instant at or before `until` is archived (its state files not yet removed)
                 instants = [i for i in sorted(latest.values()) if not summary.holds(i.time)]

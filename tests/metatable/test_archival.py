@@ -265,3 +265,20 @@ def test_a_read_that_meets_a_cleaned_metadata_file_runs_again_on_a_fresh_view(tm
 
     with pytest.raises(MissingFileError):  # a data file is not a clean's: the read fails and names it
         t.context.read_view(read_data)
+
+
+def test_a_table_opened_before_its_first_commit_sees_what_another_process_committed_and_archived(tmp_path):
+    """A process that listed an empty timeline, then lists again after another process committed and archived
+    instants: the archive's summary must be read again. It had been kept because the new listing held every
+    name of the old one (none: nothing to lose), so the archived instants were neither listed nor archived for
+    it: a consistent-hashing compaction then found no ring and wrote the initial one over the resized ring
+    (the chaos run's `hashing_meta ... seq_no 0 does not advance past 1`)."""
+    t, model = new_table(tmp_path), TableModel(True)
+    assert t.to_arrow().num_rows == 0
+    for i in range(30):
+        model.apply("upsert", commit_rows(i))
+    subprocess.run([sys.executable, "-m", "tests.metatable.archive_child", t.path, "0", "30", json.dumps(SMALL)],
+                   cwd=ROOT, check=True)
+    assert archived(mt.Table.open(t.path)), "the other process archived"
+    assert sort_rows(t.to_arrow().to_pylist()) == model.expected()
+    assert t.context.timeline.archived.until == mt.Table.open(t.path).context.timeline.archived.until

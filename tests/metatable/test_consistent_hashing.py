@@ -293,6 +293,31 @@ def test_writes_during_a_pending_resize_dual_write(lake, table_type):
         assert sort_rows(list(applied.values())) == sort_rows(table.to_arrow().to_pylist())
 
 
+def test_a_child_the_resize_wrote_no_base_for_keeps_later_writes_out_of_its_snapshot(tmp_path):
+    """A merge-on-read split whose upper child gets no row of the old group (all its keys hash below the
+    middle): a write during the pending resize dual-writes into that child. Its row is not in the snapshot as
+    of the resize (the child's base carries the resize's instant: the adopted log must stay the write's),
+    and the window after the resize reports it."""
+    table = create(str(tmp_path / "t"), buckets=2)
+    seed = rows(skewed_keys(300, below=1 << 24), "a", "v0")
+    table.upsert(pa.Table.from_pylist(seed, schema=SCHEMA))
+    instant = with_options(table, {**GROW, "bucket.split_point": "middle"}).schedule_clustering()
+    assert instant is not None
+    upper = [i for i in range(10_000, 20_000)
+             if 0x20000000 < hash32_array(pa.array([str(i)]))[0].item() < 0x40000000][:5]
+    later = rows(upper, "a", "later", 2)
+    table.upsert(pa.Table.from_pylist(later, schema=SCHEMA))
+    assert table.run_clustering() == [instant]
+    model = TableModel(True)
+    model.apply("upsert", seed)
+    model.apply("upsert", later)
+    check_all(table, model)
+    assert sort_rows(table.to_arrow(as_of=instant).to_pylist()) == sort_rows(seed)
+    inserted = table.changes(instant)
+    assert sorted(inserted["id"].to_pylist()) == sorted(upper)
+    assert set(inserted["_change_type"].to_pylist()) == {"insert"}
+
+
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
 def test_a_write_that_began_while_the_resize_was_pending_commits_after_it(lake, tmp_path, table_type):
     """The writer (another process) begins after the plan and is held before its commit while the resize
