@@ -16,8 +16,7 @@ one of them SIGKILLed every few seconds and started again. What must hold, and i
   30 seconds passes without an acknowledged write.
 
 One JSON line per configuration (commits, kills by role, failures by kind, the checks); exit 1 when a check
-fails. `make test` runs a short version of each configuration but `mor-consistent-hashing-churn`, a soak's
-(tests/test_chaos.py).
+fails. `make test` runs a short version of each configuration (tests/test_chaos.py).
 
     python benchmarks/chaos.py [--seconds 600] [--configs mor-bucket,mor-consistent-hashing,cow-bloom,mor-record,
                                                           mor-consistent-hashing-churn]
@@ -74,7 +73,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
                                "index": {"type": "bucket", "engine": "consistent_hashing", "num_buckets": 2},
                                "metadata_indexes": ["column_stats"], "indexer": ["record_index"],
                                "options": {"write.target_file_size": 48 << 10, "changes.before_images": True}},
-    # a soak's: small file groups split and merge again and again (the suite's runs resize about once)
+    # small file groups that split and merge again and again (the one above changes each ring about once)
     "mor-consistent-hashing-churn": {"table_type": "merge_on_read",
                                      "index": {"type": "bucket", "engine": "consistent_hashing", "num_buckets": 2},
                                      "metadata_indexes": ["column_stats"], "indexer": ["record_index"],
