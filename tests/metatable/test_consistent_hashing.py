@@ -305,6 +305,7 @@ def test_a_child_the_resize_wrote_no_base_for_keeps_later_writes_out_of_its_snap
     assert instant is not None
     upper = [i for i in range(10_000, 20_000)
              if 0x20000000 < hash32_array(pa.array([str(i)]))[0].item() < 0x40000000][:5]
+    assert len(upper) == 5  # above the split point (0x1FFFFFFF: the middle of the first node's range)
     later = rows(upper, "a", "later", 2)
     table.upsert(pa.Table.from_pylist(later, schema=SCHEMA))
     assert table.run_clustering() == [instant]
