@@ -8,7 +8,9 @@ one of them SIGKILLed every few seconds and started again. What must hold, and i
   last recovery (`rollback`);
 - every snapshot the reader reads is consistent (no duplicate key, no row a writer never wrote, instants
   never going back), and where no commit landed between the snapshot and them, `get` and `lookup` of
-  sampled keys (present and absent) equal the snapshot;
+  sampled keys (present and absent) equal the snapshot; where the secondary index on `v` is ready
+  (`mor-bucket`'s indexer builds and drops it), `get_by` of sampled values as of the snapshot finds exactly
+  its rows with them;
 - the change records between two settled snapshots the reader read (`changes(start, end)`), applied to the
   first, give the second: with before-images kept by the writes (`changes.before_images`, in the
   configurations that set it) and without;
@@ -44,7 +46,7 @@ import pyarrow as pa
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import metatable as mt  # noqa: E402
-from metatable.errors import ConflictError, IndexingAborted, SnapshotExpiredError  # noqa: E402
+from metatable.errors import ConflictError, IndexingAborted, InvalidInputError, SnapshotExpiredError  # noqa: E402
 from metatable.read.changes import settled_end  # noqa: E402
 from metatable.timeline.instant import DATA_ACTIONS  # noqa: E402
 
@@ -65,9 +67,10 @@ MAX_FAILED_SHARE = 0.05
 MAX_ACK_GAP_S = 30.0
 OVERTIME = 6  # a run that did too little (`--min-acks`) goes on for up to this many times its seconds
 
+SECONDARY = "secondary_index_by_v"  # an index on `v` (a write's rows share theirs) that the indexer builds and drops
 CONFIGS: dict[str, dict[str, Any]] = {
     "mor-bucket": {"table_type": "merge_on_read", "index": {"num_buckets": 4},
-                   "metadata_indexes": ["column_stats"], "indexer": ["bloom_filter", "record_index"],
+                   "metadata_indexes": ["column_stats"], "indexer": ["bloom_filter", "record_index", SECONDARY],
                    "options": {"changes.before_images": True}},
     "mor-consistent-hashing": {"table_type": "merge_on_read",
                                "index": {"type": "bucket", "engine": "consistent_hashing", "num_buckets": 2},
@@ -186,7 +189,10 @@ def index_step(table: mt.Table, rng: random.Random, partitions: list[str]) -> An
     partition = rng.choice(partitions)
     state = table.indexes().get(partition)
     if state is None:
-        table.schedule_indexing([partition])
+        if partition == SECONDARY:
+            table.schedule_indexing(secondary={SECONDARY.removeprefix("secondary_index_"): ["v"]})
+        else:
+            table.schedule_indexing([partition])
         return table.run_indexing()
     if state == "building":
         return table.run_indexing()
@@ -238,9 +244,35 @@ def reader(path: str, journal: Journal, journals: str, config: dict) -> None:
                 problems.append(f"lookup through {explained['index']} differs from the snapshot as of {instant} "
                                 f"for {[(k, 'located' if located[k] else 'not located') for k in wrong[:3]]}")
         more, settled = changes_problems(table, settled)
-        journal.write(snapshot=instant, rows=len(rows), checked=still, changes=more is not None,
-                      problems=problems + (more or []))
+        wrong_by, by_value = secondary_problems(table, *settled, rng) if settled is not None else ([], False)
+        journal.write(snapshot=instant, rows=len(rows), checked=still, changes=more is not None, secondary=by_value,
+                      problems=problems + wrong_by + (more or []))
         time.sleep(rng.uniform(0.05, 0.3))
+
+
+def secondary_problems(table: mt.Table, instant: str, rows: dict, rng: random.Random) -> tuple[list[str], bool]:
+    """Where the secondary index on `v` is ready: `get_by` of some values of the settled snapshot as of
+    `instant` (`changes_problems`': it reads the same whenever it is read) and of one no write wrote, as of
+    that instant, must find exactly its rows with those values. Returns the problems and whether it
+    compared."""
+    if table.indexes().get(SECONDARY) != "ready":
+        return [], False
+    values = rng.sample(sorted({r["v"] for r in rows.values()}), min(3, len(rows))) + ["never written"]
+    try:
+        got = table.get_by(SECONDARY.removeprefix("secondary_index_"), values, as_of=instant).to_pylist()
+    except SnapshotExpiredError:
+        return [], False
+    except InvalidInputError as e:  # dropped (or dropped and scheduled again) since it was listed ready
+        if "no secondary index" in str(e) or "still building" in str(e):
+            return [], False
+        raise
+    found = {(r["p"], r["id"]): r for r in got}
+    expected = {k: r for k, r in rows.items() if r["v"] in values}
+    if found == expected and len(found) == len(got):
+        return [], True
+    wrong = sorted(k for k in set(found) | set(expected) if found.get(k) != expected.get(k))
+    return [f"get_by {values} as of {instant}: {len(got)} rows, {len(expected)} expected; differs for {wrong[:3]}: "
+            f"{[(found.get(k), expected.get(k)) for k in wrong[:2]]}"], True
 
 
 def changes_problems(table: mt.Table, settled: tuple[str, dict] | None
@@ -437,6 +469,7 @@ def final_checks(path: str, journals: str, config: dict) -> dict[str, Any]:
                 reads["checked"] += bool(entry.get("checked"))
                 reads["expired"] += "expired" in entry
                 reads["changes_checked"] += bool(entry.get("changes"))
+                reads["secondary_checked"] += bool(entry.get("secondary"))
                 reads["problems"] += len(entry.get("problems", []))
                 read_problems += entry.get("problems", [])
             else:
