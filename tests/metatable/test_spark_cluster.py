@@ -34,14 +34,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, seconds: float = 60) -> None:
+def wait_for_port(port: int, log: str, seconds: float = 180) -> None:
+    """Until the master listens (a busy machine's fresh-clone run saw none in 60 s): else its log's end."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on port {port}")
+    with open(log) as f:
+        raise TimeoutError(f"nothing listens on port {port} after {seconds:.0f} s; the end of {log}:\n{f.read()[-3000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def cluster(tmp_path_factory):
               "--webui-port", str(free_port())]
     processes = [subprocess.Popen(master, env=env, stdout=open(logs / "master.log", "w"), stderr=subprocess.STDOUT)]
     try:
-        wait_for_port(port)
+        wait_for_port(port, str(logs / "master.log"))
         for n in range(2):
             worker = [launcher, "org.apache.spark.deploy.worker.Worker", "--cores", "1", "--memory", "1g",
                       "--host", "127.0.0.1", "--webui-port", str(free_port()), f"spark://127.0.0.1:{port}"]
