@@ -67,7 +67,8 @@ MAX_FAILED_SHARE = 0.05
 MAX_ACK_GAP_S = 30.0
 OVERTIME = 6  # a run that did too little (`--min-acks`) goes on for up to this many times its seconds
 
-SECONDARY = "secondary_index_by_v"  # an index on `v` (a write's rows share theirs) that the indexer builds and drops
+BY_V = "by_v"  # a secondary index on `v` (a write's rows share theirs) that the indexer builds and drops
+SECONDARY = f"secondary_index_{BY_V}"
 CONFIGS: dict[str, dict[str, Any]] = {
     "mor-bucket": {"table_type": "merge_on_read", "index": {"num_buckets": 4},
                    "metadata_indexes": ["column_stats"], "indexer": ["bloom_filter", "record_index", SECONDARY],
@@ -190,7 +191,7 @@ def index_step(table: mt.Table, rng: random.Random, partitions: list[str]) -> An
     state = table.indexes().get(partition)
     if state is None:
         if partition == SECONDARY:
-            table.schedule_indexing(secondary={SECONDARY.removeprefix("secondary_index_"): ["v"]})
+            table.schedule_indexing(secondary={BY_V: ["v"]})
         else:
             table.schedule_indexing([partition])
         return table.run_indexing()
@@ -259,7 +260,7 @@ def secondary_problems(table: mt.Table, instant: str, rows: dict, rng: random.Ra
         return [], False
     values = rng.sample(sorted({r["v"] for r in rows.values()}), min(3, len(rows))) + ["never written"]
     try:
-        got = table.get_by(SECONDARY.removeprefix("secondary_index_"), values, as_of=instant).to_pylist()
+        got = table.get_by(BY_V, values, as_of=instant).to_pylist()
     except SnapshotExpiredError:
         return [], False
     except InvalidInputError as e:  # dropped (or dropped and scheduled again) since it was listed ready

@@ -3,8 +3,8 @@
 usage: python -m tests.metatable.nbcc_writer_child ROOT JOURNAL SEED DEADLINE [MIN_COMMITS]
 Each committed upsert appends {"instant": ..., "rows": [...]} to JOURNAL; any failure ends the process
 with a traceback (exit 1), which the test reports. With MIN_COMMITS, it goes on past the deadline (for up
-to OVERTIME_S more) until the journals beside JOURNAL (`<JOURNAL minus its last character>*`) hold that many
-commits together: a busy machine made too few in the time, and the test needs enough to interleave.
+to OVERTIME_S more) until its siblings' journals (JOURNAL's name up to its last `-`, then anything) hold
+that many commits together: a busy machine made too few in the time, and the test needs enough of them.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def enough(journal: str, deadline: float, min_commits: int) -> bool:
         return False
     if time.time() >= deadline + OVERTIME_S:
         return True
-    return sum(1 for path in glob.glob(journal[:-1] + "*") for _ in open(path)) >= min_commits
+    return sum(1 for path in glob.glob(journal.rpartition("-")[0] + "-*") for _ in open(path)) >= min_commits
 
 
 def main() -> None:
