@@ -28,7 +28,9 @@ class RecordingUndo:
 
 @pytest.fixture
 def tx(tmp_path):
-    timeline = Timeline(LocalStorage(), str(tmp_path / "t"), heartbeat_interval_s=0.05, heartbeat_misses=2)
+    # A live writer's beats may stall for a few hundred milliseconds on a loaded machine (CI, with Spark beside):
+    # expiry at 0.5 s, not 0.1 s (CI's run of 2026-12-02 had a beating instant judged dead at 0.1 s).
+    timeline = Timeline(LocalStorage(), str(tmp_path / "t"), heartbeat_interval_s=0.1, heartbeat_misses=5)
     finished = []
     t = Transactions(timeline, RecordingUndo(), name="test", writes=[Action.COMMIT], services=[Action.COMPACTION],
                      roll_forward={Action.CLEAN: lambda i: (finished.append(i.time), timeline.complete(
@@ -38,7 +40,7 @@ def tx(tmp_path):
 
 
 def expire():
-    time.sleep(0.15)
+    time.sleep(0.6)
 
 
 def test_begin_and_commit(tx):
