@@ -4,10 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from metatable.commit.stored_rows import FileGroup, StoredRows
 from metatable.file_group.written import WrittenFile
 from metatable.timeline.instant import Action
-
-FileGroup = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -18,3 +17,4 @@ class Change:
     files: Sequence[WrittenFile]  # the files it added
     superseded: Mapping[FileGroup, str] = field(default_factory=dict)  # file group -> base no longer latest
     completed_at: int = 0  # when it completed (ns): record-index entries merge in completion order
+    stored: StoredRows | None = None  # the rows its keys had where its write read them (a write's commit)

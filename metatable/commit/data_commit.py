@@ -26,11 +26,12 @@ from indexes.consistent_hashing import initial_ring
 from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key, hashing_meta_key
 
 from metatable.commit.change import Change
-from metatable.commit.conflicts import Committer, Concurrent, check, concurrent_with
+from metatable.commit.conflicts import Committer, Concurrent, Resolution, check, concurrent_with
 from metatable.commit.context import TableContext
 from metatable.commit.dual_writes import DUAL, dual_rows, merge_into_base, resize_instant
 from metatable.commit.index_records import change_records
 from metatable.commit.schema_history import record_schema
+from metatable.commit.stored_rows import StoredRows
 from metatable.commit.timeline_view import FileGroup, TimelineView, group_name, parse_group_name
 from metatable.errors import ConflictError, MetadataReplacedError, after_the_commit_point
 from metatable.faults import crash_point
@@ -69,6 +70,7 @@ class Commit:
     absent_deletes: Mapping[str, pa.ChunkedArray] = field(default_factory=dict)  # partition -> keys it deleted
     # without finding them (`written.ABSENT`)
     marked_here: bool = False  # this process wrote every marker of the instant (a write in process)
+    stored: StoredRows | None = None  # what the write read of its keys' rows (its secondary index entries')
 
 
 def commit(context: TableContext, c: Commit) -> Instant:
@@ -118,7 +120,7 @@ def publish(context: TableContext, c: Commit) -> Publication:
     replaced = c.metadata.get("replaced", {})
     supersedes = maintained and (replaced or any(f.kind == "base" for f in files))  # else no view to read
     change = Change(c.committer.action, files, superseded_bases(context.view(), files, replaced) if supersedes else {},
-                    completed)
+                    completed, still_stored(c.stored, concurrent, resolution) if c.catch_up is None else None)
     if any(now.secondary_columns(p) for p in maintained):
         metadata.refresh()  # a secondary index reads what every commit completed before this one wrote
     records: dict[str, dict[str, Any]] = {"files": files_records(files),
@@ -142,6 +144,23 @@ def publish(context: TableContext, c: Commit) -> Publication:
                         **({"dual_files": kept} if kept else {}), "indexes": sorted(maintained),
                         "completed_at": completed},
                        along=[metadata.completion(time_)])
+
+
+def still_stored(stored: StoredRows | None, concurrent: Sequence[Concurrent],
+                 resolution: Resolution) -> StoredRows | None:
+    """What a write read of its keys' rows (`StoredRows`), if it still holds as the write commits: not once a
+    write completed since in a file group it read (its rows may have changed; such a write is re-homed behind
+    it too), nor once a clustering completed (it moves rows), nor where this commit moves its files. A
+    compaction changes no row."""
+    if stored is None or resolution.rehome or resolution.behind_writes:
+        return None
+    read = {group_name(p, f) for p, f in stored.groups}
+    for other in concurrent:
+        if other.pending or other.instant.action is Action.COMPACTION:
+            continue
+        if other.instant.action is Action.REPLACECOMMIT or other.file_groups & read:
+            return None
+    return stored
 
 
 def superseded_bases(view: TimelineView, files: Sequence[WrittenFile],

@@ -22,7 +22,7 @@ before the index becomes ready. So the index equals one built from the data at a
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -30,11 +30,12 @@ import pyarrow.compute as pc
 
 from avro_schemas import schema
 from indexes import secondary_keys as sk
-from indexes.arrow_keys import record_index_key_array
+from indexes.arrow_keys import record_index_key_array, record_index_key_arrays
 
 from metatable.commit.change import Change
+from metatable.commit.stored_rows import GROUP, HELD, StoredRows
 from metatable.file_group.base_file import PARQUET
-from metatable.file_group.record_merge import SEQ_COLUMN, survivors
+from metatable.file_group.record_merge import SEQ_COLUMN, loses, survivors
 from metatable.file_group.slice_reader import log_columns, read_base
 from metatable.formats.avro_columns import decode_columns, encode_columns
 from metatable.formats.log_file import Entries
@@ -45,7 +46,6 @@ from metatable.table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
 from metatable.timeline.instant import Action
 
 Current = Callable[[pa.Array], Entries]  # reverse entry keys -> the entries of those present
-
 TOKEN, ORDERING_TEXT, PARTITION, FILE_ID = "_si_token", "_si_ordering", "_si_partition", "_si_file_id"
 STAMP = "_si_stamp"  # when the commit of a version completed
 SCHEMA = schema("secondary_index")
@@ -62,6 +62,10 @@ def secondary_records(storage: Storage, paths: TablePaths, config: TableConfig, 
     if change.action is Action.COMPACTION or not change.files:
         return Entries.empty()
     columns = config.secondary_columns(partition)
+    if after_stored:
+        read = read_entries(storage, paths, config, change, columns, written_at)
+        if read is not None:
+            return read
     parts = []
     for seq, f in enumerate(change.files, 1):
         path = paths.file(f.partition, f.file_name)
@@ -79,12 +83,134 @@ def secondary_records(storage: Storage, paths: TablePaths, config: TableConfig, 
     written = pa.concat_tables(parts)
     if written.num_rows == 0:
         return Entries.empty()
-    keys = pc.unique(written[KEY_COLUMN].combine_chunks())
-    stored = stored_versions(config, keys, current)
+    stored = reverse_versions(config, pc.unique(written[KEY_COLUMN].combine_chunks()), current)
     written = written.append_column(STAMP, pa.repeat(change.completed_at, written.num_rows).cast(pa.int64()))
     outcome = survivors(sequenced(pa.concat_tables([stored, written])), config.ordering_field)
     return entries_of(stored, outcome, written_at, compared=(TOKEN, PARTITION, FILE_ID, *(
         [ORDERING_TEXT] if config.ordering_field else []), *([] if after_stored else [STAMP])))
+
+
+def read_entries(storage: Storage, paths: TablePaths, config: TableConfig, change: Change, columns: tuple[str, ...],
+                 written_at: int) -> Entries | None:
+    """The entries of a write where it read the rows its keys had (`Change.stored`; under the table lock): each
+    row it wrote against its key's row there, by value, without the reverse entries and without the versions'
+    merge (`survivors`). None where that does not hold: a file group the read does not cover, two files of one
+    file group, a new base where the read found rows, a key written twice in one log (deleted and written
+    again), keys that may move between partitions, a column the read lacks. SF 1's 5% upsert with one index:
+    the commit's entries took 1.88 s from the reverse entries, 0.05-0.1 s so."""
+    read = change.stored
+    if read is None or any(c not in read.rows.column_names for c in columns) or \
+            (config.partition_by and config.keys_unique_across_partitions):
+        return None
+    numbers = read.numbers
+    groups = [(f.partition, f.file_id) for f in change.files]
+    if len(set(groups)) < len(groups) or not all(g in numbers for g in groups):
+        return None
+    codes = np.array([numbers[g] for g in groups], np.int32)
+    before = read.rows
+    before_codes = before[GROUP].to_numpy()
+    held = before[HELD].to_numpy(zero_copy_only=False)
+    ordering = config.ordering_field
+    logs, schema = [], row_schema(config, columns, deleted=True)
+    for f, code in zip(change.files, codes):
+        path = paths.file(f.partition, f.file_name)
+        if f.file_name.endswith("." + PARQUET):  # a new file group: the read found none of its keys
+            if (held & (before_codes == code)).any():
+                return None
+            rows = read_base(storage, path, row_schema(config, columns, deleted=False), known=config.known_columns)
+            logs.append(rows.append_column(DELETED_COLUMN, pa.repeat(False, rows.num_rows)).cast(schema))
+        else:
+            logs.append(log_columns(storage, path, schema))
+    if any(pc.any(log[DELETED_COLUMN]).as_py() and pc.count_distinct(log[KEY_COLUMN]).as_py() < log.num_rows
+           for log in logs if log.num_rows):
+        return None
+    rows = pa.concat_tables(logs)
+    if rows.num_rows == 0:
+        return Entries.empty()
+    owners = np.repeat(codes, [log.num_rows for log in logs])
+    keys = rows[KEY_COLUMN].combine_chunks()
+    at = _in_order(keys, read, codes, held)
+    if at is None:
+        mine = np.flatnonzero(held)
+        found = _rows_of(owners, keys, before_codes[mine], before[KEY_COLUMN].take(pa.array(mine)).combine_chunks())
+        at = pa.array(mine).take(found)
+    present = at.is_valid().to_numpy(zero_copy_only=False)
+    partitions, file_ids = read.partitions_and_file_ids(owners)
+    old = before.select([*columns, *([ordering] if ordering and ordering not in columns else [])]).take(at)
+    deleted = rows[DELETED_COLUMN].to_numpy()
+    live = ~deleted & ~(present & loses(rows[ordering], old[ordering])) if ordering else ~deleted
+    same_values = _same(rows, old, columns)
+    changed = live & ~(present & same_values & (_same(rows, old, [ordering]) if ordering else True))
+    moved = changed & present & ~same_values  # its old values' forward entry goes
+    gone = deleted & present
+    n = int(changed.sum())
+    keep, dead = pa.array(changed), pa.array(moved | gone)
+
+    def index_keys(mask: pa.Array) -> pa.Array:  # only the few that change: building all took 0.04 s
+        return record_index_key_arrays(partitions.filter(mask), rows[KEY_COLUMN].filter(mask).combine_chunks(),
+                                       config.keys_unique_across_partitions)
+    new_keys, dead_keys = index_keys(keep), index_keys(dead)
+    token = sk.tokens([rows[c].filter(keep) for c in columns])
+    where = {"partition_path": partitions.filter(keep).cast(pa.string()),
+             "file_id": file_ids.filter(keep).cast(pa.string()), "completed_at": change.completed_at,
+             "written_at": written_at, "is_deleted": False, "value": None, "ordering": None}
+    reverse = {**where, "value": token,
+               "ordering": sk.texts(rows[ordering].filter(keep)).cast(pa.string()) if ordering else None}
+    tombstoned = pa.concat_arrays([sk.forward_keys(sk.tokens([old[c].filter(dead) for c in columns]), dead_keys),
+                                   sk.reverse_keys(dead_keys.filter(pa.array(gone[moved | gone])))])
+    return Entries.concat([
+        Entries(sk.forward_keys(token, new_keys), encode_columns(SCHEMA, where, n)),
+        Entries(sk.reverse_keys(new_keys), encode_columns(SCHEMA, reverse, n)),
+        Entries.repeated(tombstoned, KINDS["secondary_index"].encode(
+            {**KINDS["secondary_index"].tombstone(), "written_at": written_at}))], may_repeat=False)
+
+
+def _in_order(keys: pa.Array, read: StoredRows, numbers: np.ndarray, held: np.ndarray) -> pa.Array | None:
+    """Each written row's row in `read` (null: not held) where the files hold their groups' rows as the write
+    tagged them, in its order (a writer keeps that order where no key repeats, and writes every row, as an
+    upsert or a delete of held keys does); None otherwise. Compared, not joined: the join was 0.08 s of SF 1's
+    5% upsert."""
+    rows = read.of_groups(numbers)
+    if len(rows) != len(keys) or not pc.all(pc.equal(keys, read.rows[KEY_COLUMN].take(pa.array(rows)))).as_py():
+        return None
+    return pa.array(rows, mask=~held[rows])
+
+
+def _rows_of(groups: np.ndarray, keys: pa.Array, read_groups: np.ndarray, read_keys: pa.Array) -> pa.Array:
+    """For each (file group number, record key), its row among the read ones (null: none). Joined by the
+    record key, then checked by the group: a key the read found in two groups (two partitions' records) is
+    joined again by both. Not by the record-index keys (partition hash and key): building both sides took 0.04
+    s of SF 1's 5% upsert, and the join of the longer strings 0.03 s more."""
+    if not len(read_keys):
+        return pa.nulls(len(keys), pa.int32())
+    at = pc.index_in(keys, value_set=read_keys)
+    found = pc.fill_null(at, 0).to_numpy()
+    other = at.is_valid().to_numpy(zero_copy_only=False) & (read_groups[found] != groups)
+    if not other.any():
+        return at
+    again = np.flatnonzero(other)  # each such key against the read rows of the same key, by group
+    candidates = np.flatnonzero(pc.is_in(read_keys, value_set=keys.take(pa.array(again))).to_numpy(
+        zero_copy_only=False))
+    pairs = pc.binary_join_element_wise(pa.array(read_groups[candidates]).cast(pa.string()),
+                                        read_keys.take(pa.array(candidates)), "/")
+    wanted = pc.binary_join_element_wise(pa.array(groups[again]).cast(pa.string()), keys.take(pa.array(again)), "/")
+    match = pc.index_in(wanted, value_set=pairs)
+    rows = np.where(at.is_valid().to_numpy(zero_copy_only=False), found, -1)
+    rows[again] = np.where(match.is_valid().to_numpy(zero_copy_only=False),
+                           candidates[pc.fill_null(match, 0).to_numpy()], -1)
+    return pa.array(rows, mask=rows < 0)
+
+
+def _same(rows: pa.Table, old: pa.Table, columns: Sequence[str]) -> np.ndarray:
+    """Whether each row's values equal `old`'s in `columns`, a null equal to a null."""
+    same = np.ones(rows.num_rows, dtype=bool)
+    for c in columns:
+        new, was = rows[c], old[c]
+        equal = pc.fill_null(pc.equal(new, was), False)
+        if new.null_count or was.null_count:
+            equal = pc.or_(equal, pc.and_(pc.is_null(new), pc.is_null(was)))
+        same &= equal.to_numpy(zero_copy_only=False)
+    return same
 
 
 def sequenced(versions: pa.Table) -> pa.Table:
@@ -154,7 +280,7 @@ def version_table(config: TableConfig, keys: pa.Array, deleted: pa.Array | pa.Ch
     return pa.table(columns)
 
 
-def stored_versions(config: TableConfig, keys: pa.Array, current: Current) -> pa.Table:
+def reverse_versions(config: TableConfig, keys: pa.Array, current: Current) -> pa.Table:
     """The reverse entries of `keys` as versions (file order 0, stamped with when they completed)."""
     found = current(sk.reverse_keys(keys))
     records = decode_columns(SCHEMA, found.values)

@@ -15,7 +15,7 @@ from indexes.arrow_buffers import string_buffers
 from metatable.config import THREADS
 from metatable.errors import CorruptFileError, naming_damage
 from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.record_merge import merge_each, merge_versions
+from metatable.file_group.record_merge import SEQ_COLUMN, merge_each, merge_versions, survivors
 from metatable.formats.data_log import read_data_log
 from metatable.formats.key_pages import (ParquetFooter, footer_fields, key_pages, parquet_footer, tail_of,
                                          too_many_to_probe, worth_probing)
@@ -248,46 +248,66 @@ def int_column_max(storage: Storage, path: str, column: str) -> int | None:
 
 def stored_values(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice | None, keys: pa.Array,
                   column: str, above: int | None = None, logs: Sequence[pa.Table] | None = None) -> pa.ChunkedArray:
-    """`column` of each key's live row in the slice (null for a key it lacks): the base's rows of the keys,
-    read page by page where the file has a key page index and the keys are few next to its pages (as `get`
-    does), else the key and that column whole; then the logs merged on top. `above`: the caller needs no
-    value at or below it (an integer as Parquet stores the column), so a base whose footer says none is
-    above is not read, and log rows at or below it are dropped before the merge: a key whose newest version
-    is one of them reads as null. New rows' ordering values are usually the greatest: upserts into a
-    merge-on-read table of 1M rows in 8 file groups, with a log each, cost 53 -> 119 ms (100 rows) and
-    154 -> 346 ms (100k rows) to count what lost, reading everything; 50 -> 55 ms and 165 -> 188 ms so
-    (medians of 5, alternated). `logs`: the slice's log blocks already read (key, `column`, delete flag).
-    No slice (the index placed keys in a file group this writer's snapshot does not have yet: the chaos soak
-    found it, a record index current to a clustering that completed after the write began): nulls."""
+    """`column` of each key's live row in the slice (null for a key it lacks), as `stored_columns` reads it.
+    `above`: the caller needs no value at or below it (an integer as Parquet stores the column), so a base
+    whose footer says none is above is not read, and log rows at or below it are dropped before the merge: a
+    key whose newest version is one of them reads as null. New rows' ordering values are usually the
+    greatest: upserts into a merge-on-read table of 1M rows in 8 file groups, with a log each, cost 53 -> 119
+    ms (100 rows) and 154 -> 346 ms (100k rows) to count what lost, reading everything; 50 -> 55 ms and 165
+    -> 188 ms so (medians of 5, alternated). `logs`: the slice's log blocks already read (key, `column`,
+    delete flag)."""
     field = config.storage_schema.field(column)
     if fs is None:
         return pa.chunked_array([pa.nulls(len(keys), field.type)])
-    schema = pa.schema([(KEY_COLUMN, pa.string()), field])
     path = base_path(paths, fs)
-    base = schema.empty_table()
-    if path and above is not None and (most := int_column_max(storage, path, column)) is not None and most <= above:
-        path = None
-    if path:
-        plan = rows_of_keys(storage, [path], [keys])[0] if worth_probing(storage, path, len(keys)) else None
-        rows = read_rows([plan], [KEY_COLUMN, column])[0] if plan is not None else \
-            read_base(storage, path, config.storage_schema, [KEY_COLUMN, column], config.known_columns)
-        base = pa.table([rows[KEY_COLUMN], rows[column].cast(field.type)], schema=schema)
-        base = base.filter(pc.is_in(base[KEY_COLUMN], value_set=keys))
+    with_base = not (path and above is not None and (most := int_column_max(storage, path, column)) is not None
+                     and most <= above)
     if logs is None:
         logs = log_tables(storage, paths, config, fs, [KEY_COLUMN, column, DELETED_COLUMN]) if fs.logs else []
     if above is not None:  # a version at or below it changes no answer the caller needs; deletes stay
         bound = pa.scalar(above, pa.int32() if pa.types.is_date32(field.type) else pa.int64()).cast(field.type)
         limit = bound.as_py()
-        if not path and all((most := pc.max(t[column]).as_py()) is None or most <= limit for t in logs):
+        if not (path and with_base) and all((most := pc.max(t[column]).as_py()) is None or most <= limit
+                                            for t in logs):
             return pa.chunked_array([pa.nulls(len(keys), field.type)])  # the usual case: no array work at all
         logs = [t.filter(pc.or_(t[DELETED_COLUMN], pc.fill_null(pc.greater(t[column], bound), False)))
                 for t in logs]
-    logs = [log.select([KEY_COLUMN, column, DELETED_COLUMN]) for log in logs]
+    merged = stored_columns(storage, paths, config, fs, keys, [column], logs, with_base,
+                            column if column == config.ordering_field else None)
+    return merged[column]
+
+
+def stored_columns(storage: Storage, paths: TablePaths, config: TableConfig, fs: FileSlice | None, keys: pa.Array,
+                   columns: Sequence[str], logs: Sequence[pa.Table] | None = None, with_base: bool = True,
+                   ordering: str | None = None) -> pa.Table:
+    """`columns` of each key's live row in the slice, a row per key in `keys`' order (nulls for a key it
+    lacks): the base's rows of the keys, read page by page where the file has a key page index and the keys
+    are few next to its pages (as `get` does), else the key and those columns whole; then the logs merged on
+    top. `logs`: the slice's log blocks already read (key, `columns`, delete flag); `ordering`: the ordering
+    field where it is among `columns` (else the newest version wins). No slice (the index placed keys in a
+    file group this writer's snapshot does not have yet: the chaos soak found it, a record index current to
+    a clustering that completed after the write began): nulls."""
+    storage_schema = config.storage_schema
+    schema = pa.schema([(KEY_COLUMN, pa.string()), *[storage_schema.field(c) for c in columns]])
+    if fs is None:
+        return pa.table([keys, *[pa.nulls(len(keys), f.type) for f in schema][1:]], schema=schema)
+    path = base_path(paths, fs) if with_base else None
+    base = schema.empty_table()
+    if path:
+        plan = rows_of_keys(storage, [path], [keys])[0] if worth_probing(storage, path, len(keys)) else None
+        rows = read_rows([plan], schema.names)[0] if plan is not None else \
+            read_base(storage, path, storage_schema, schema.names, config.known_columns)
+        base = pa.table([rows[f.name].cast(f.type) for f in schema], schema=schema)
+        base = base.filter(pc.is_in(base[KEY_COLUMN], value_set=keys))
+    if logs is None:
+        logs = log_tables(storage, paths, config, fs, [*schema.names, DELETED_COLUMN]) if fs.logs else []
+    logs = [log.select([*schema.names, DELETED_COLUMN]) for log in logs]
     logs = [t.filter(pc.is_in(t[KEY_COLUMN], value_set=keys)) for t in logs if t.num_rows]
-    if not base.num_rows and not any(t.num_rows for t in logs):  # the usual case: nothing above the bound
-        return pa.chunked_array([pa.nulls(len(keys), field.type)])
-    merged = merge_versions([base, *logs], column if column == config.ordering_field else None, schema)
-    return merged[column].take(pc.index_in(keys, value_set=merged[KEY_COLUMN].combine_chunks()))
+    if not base.num_rows and not any(t.num_rows for t in logs):  # the usual case of `stored_values`' bound
+        return pa.table([keys, *[pa.nulls(len(keys), f.type) for f in schema][1:]], schema=schema)
+    merged = merge_versions([base, *logs], ordering, schema)
+    found = pc.index_in(keys, value_set=merged[KEY_COLUMN].combine_chunks())
+    return pa.table([keys, *[merged[c].take(found) for c in columns]], schema=schema)
 
 
 def members(candidates: pa.Array | pa.ChunkedArray, big: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -453,16 +473,17 @@ def log_keys(storage: Storage, paths: TablePaths, config: TableConfig,
     return found
 
 
-def keep_log_columns(storage: Storage, path: str, block: pa.Table) -> None:
+def keep_log_columns(storage: Storage, path: str, block: pa.Table, also: Sequence[str] = ()) -> None:
     """A log just written, as `log_columns` would read it: the next write into its file group reads its keys
     (480 such reads were 0.24 s of a workload-benchmark batch), a compaction in this process all of it (the
     benchmark's compacting batches, 1,920 logs each: 3.5-4.0 s with only the keys kept, 2.8-3.4 s whole).
-    Kept whole up to `KEPT_BLOCK_BYTES`, else its key and delete flag only: a large write's logs would take
-    the cache from the small ones'. Sizes here are buffer sizes: a 67-row block read from its file took 44 us
+    Kept whole up to `KEPT_BLOCK_BYTES`, else its key and delete flag only, and the columns `also` (those its
+    commit reads: a secondary index's and the ordering field): a large write's logs would take the cache from
+    the small ones'. Sizes here are buffer sizes: a 67-row block read from its file took 44 us
     for `nbytes`, 3 us for `get_total_buffer_size` (which counts a sliced column's whole buffers, as a cache
     holds them)."""
     if block.get_total_buffer_size() > KEPT_BLOCK_BYTES:
-        block = block.select([KEY_COLUMN, DELETED_COLUMN])
+        block = block.select(list(dict.fromkeys([KEY_COLUMN, DELETED_COLUMN, *also])))
     _LOG_COLUMNS.put((storage, path, content_version(storage, path)), block)
 
 
@@ -531,8 +552,29 @@ def live_in_slices(storage: Storage, paths: TablePaths, config: TableConfig, sli
     of one group at a time read their groups' keys: one after another, SF 1's 5% upsert took 0.9 s here (of
     1.7 s), 0.43 of it reading 56 key columns. A base whose pages `worth_probing` says to probe (few
     candidates in a large file) is asked alone."""
+    return _live(storage, paths, config, slices, candidates, owners, ())[0]
+
+
+def live_rows_in_slices(storage: Storage, paths: TablePaths, config: TableConfig,
+                        slices: Sequence[FileSlice | None], candidates: pa.Array | pa.ChunkedArray,
+                        owners: np.ndarray, columns: Sequence[str]) -> tuple[np.ndarray, pa.Table]:
+    """`live_in_slices`, and `columns` of each live candidate's row in its slice (a row per candidate, nulls
+    where it is not live): the base's columns are read beside its keys, and a log's with its key column, so
+    the rows come at the price of the columns' decoding (a write's secondary index entries need the values its
+    keys had)."""
+    return _live(storage, paths, config, slices, candidates, owners, tuple(columns))
+
+
+def _live(storage: Storage, paths: TablePaths, config: TableConfig, slices: Sequence[FileSlice | None],
+          candidates: pa.Array | pa.ChunkedArray, owners: np.ndarray,
+          columns: tuple[str, ...]) -> tuple[np.ndarray, pa.Table | None]:
     owners = np.asarray(owners, dtype=np.int64)
     live = np.zeros(len(candidates), dtype=bool)
+    ordering = config.ordering_field if columns else None
+    if ordering is not None and ordering not in columns:  # the rows' versions are chosen by it
+        columns = (*columns, ordering)
+    value_schema = pa.schema([config.storage_schema.field(c) for c in columns])
+    values: list[tuple[np.ndarray, pa.Table]] = []  # (candidate rows, their columns)
     counts = np.bincount(owners, minlength=len(slices))
     asking = np.split(np.argsort(owners, kind="stable"), np.cumsum(counts)[:-1])  # each slice's candidates
     alone: list[int] = []
@@ -556,7 +598,13 @@ def live_in_slices(storage: Storage, paths: TablePaths, config: TableConfig, sli
         asked += int(counts[i])
 
     def probe(i: int) -> None:
-        live[asking[i]] = live_mask(storage, paths, config, slices[i], candidates.take(asking[i]))
+        mine = candidates.take(asking[i])
+        found = live_mask(storage, paths, config, slices[i], mine)
+        live[asking[i]] = found
+        if columns:
+            rows = stored_columns(storage, paths, config, slices[i], mine.filter(pa.array(found)), columns,
+                                  ordering=ordering)
+            values.append((asking[i][found], rows.drop_columns([KEY_COLUMN])))
 
     def match(batch: list[tuple[int, pa.ChunkedArray | None]]) -> None:
         together = []
@@ -565,20 +613,32 @@ def live_in_slices(storage: Storage, paths: TablePaths, config: TableConfig, sli
             path = base_path(paths, fs)
             if keys is None and path is not None:
                 keys = key_column(storage, path)[0]
-            together.append((i, keys, [log_columns(storage, paths.file(fs.partition, lf.file_name), schema)
-                                       for lf in fs.logs]))
+            base = read_base(storage, path, value_schema, known=config.known_columns) \
+                if columns and path is not None else None
+            together.append((i, keys, base, [log_columns(storage, paths.file(fs.partition, lf.file_name), schema)
+                                             for lf in fs.logs]))
         rows = np.concatenate([asking[i] for i, _ in batch])
-        live[rows] = _match(together, candidates.take(rows), owners[rows])  # the rows of its own slices
+        found, rows_found = _match(together, candidates.take(rows), owners[rows], value_schema, ordering)
+        live[rows] = found  # the rows of its own slices
+        if rows_found is not None:
+            values.append((rows[found], rows_found))
 
-    schema = pa.schema([config.log_schema.field(KEY_COLUMN), config.log_schema.field(DELETED_COLUMN)])
+    log_fields = [config.log_schema.field(c) for c in (KEY_COLUMN, DELETED_COLUMN, *columns)]
+    schema = pa.schema(log_fields)
     work = [functools.partial(probe, i) for i in alone] + [functools.partial(match, b) for b in batches if b]
     if len(work) < 2:
         for step in work:
             step()
-        return live
-    with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-presence") as pool:
-        list(pool.map(lambda step: step(), work))
-    return live
+    else:
+        with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-presence") as pool:
+            list(pool.map(lambda step: step(), work))
+    if not columns:
+        return live, None
+    at = np.full(len(candidates), -1, np.int64)  # each candidate's row among the values found
+    at[np.concatenate([rows for rows, _ in values]) if values else np.zeros(0, np.int64)] = \
+        np.arange(sum(len(rows) for rows, _ in values))
+    found = pa.concat_tables([t for _, t in values]) if values else value_schema.empty_table()
+    return live, found.take(pa.array(at, mask=at < 0))
 
 
 MATCHED_KEYS = 1 << 21  # base keys a batch of `live_in_slices` matches (~30 MB of short keys; one per thread)
@@ -587,23 +647,64 @@ MATCHED_KEYS = 1 << 21  # base keys a batch of `live_in_slices` matches (~30 MB 
 MATCHED_CANDIDATES = 1 << 14
 
 
-def _match(together: Sequence[tuple[int, pa.ChunkedArray | None, Sequence[pa.Table]]],
-           mine: pa.Array | pa.ChunkedArray, owners: np.ndarray) -> np.ndarray:
-    """`live_in_slices` for the candidates `mine` of these slices (each its number, base keys and log blocks),
-    `owners[j]` the slice of `mine[j]`: whether each is live there."""
+def _match(together: Sequence[tuple[int, pa.ChunkedArray | None, pa.Table | None, Sequence[pa.Table]]],
+           mine: pa.Array | pa.ChunkedArray, owners: np.ndarray, value_schema: pa.Schema,
+           ordering: str | None) -> tuple[np.ndarray, pa.Table | None]:
+    """`live_in_slices` for the candidates `mine` of these slices (each its number, base keys, base columns of
+    `value_schema` where asked, and log blocks), `owners[j]` the slice of `mine[j]`: whether each is live
+    there, and where asked the columns of the live ones' rows (in their order; `ordering`: the table's ordering
+    field, among those columns)."""
     names = pc.unique(mine)
     width = max(len(names), 1)
     wanted = owners * width + _codes(mine, names)
-    bases = [(i, keys) for i, keys, _ in together if keys is not None]
-    in_base = np.isin(wanted, _paired([keys for _, keys in bases], [i for i, _ in bases], names, width)[1])
-    blocks = [(i, block) for i, _, logs in together for block in logs]
+    bases = [(i, keys) for i, keys, _, _ in together if keys is not None]
+    base_rows, base_pairs = _paired([keys for _, keys in bases], [i for i, _ in bases], names, width)
+    in_base = np.isin(wanted, base_pairs)
+    blocks = [(i, block) for i, _, _, logs in together for block in logs]
     log_rows, log_pairs = _paired([b.column(KEY_COLUMN) for _, b in blocks], [i for i, _ in blocks], names, width)
     # a key's newest row in its slice's logs says whether it lives (in one write its delete comes first)
     touched, last = np.unique(log_pairs[::-1], return_index=True)
+    newest = log_rows[::-1][last]  # the newest log row of each touched pair
     deleted = np.concatenate([b.column(DELETED_COLUMN).to_numpy() for _, b in blocks]) if blocks \
         else np.zeros(0, bool)
-    alive = touched[~deleted[log_rows[::-1][last]]]
-    return np.where(np.isin(wanted, touched), np.isin(wanted, alive), in_base)
+    alive = touched[~deleted[newest]]
+    in_logs = np.isin(wanted, touched)
+    live = np.where(in_logs, np.isin(wanted, alive), in_base)
+    if not len(value_schema):
+        return live, None
+    # the live candidates' rows: the base's where no log touches the key, else the version the table's merge
+    # rule keeps (the newest log row, or with an ordering field the greatest after the last delete)
+    base_values = pa.concat_tables([in_schema(t, value_schema) for _, keys, t, _ in together
+                                    if keys is not None]) if bases else value_schema.empty_table()
+    log_values = pa.concat_tables([in_schema(b.select(value_schema.names), value_schema) for _, b in blocks]) \
+        if blocks else value_schema.empty_table()
+    from_logs, from_base = wanted[live & in_logs], wanted[live & ~in_logs]
+    by_pair = np.argsort(base_pairs)
+
+    def base_row(pairs: np.ndarray) -> np.ndarray:
+        return base_rows[by_pair[np.searchsorted(base_pairs, pairs, sorter=by_pair)]]
+
+    if ordering is None:
+        log_source = base_values.num_rows + newest[np.searchsorted(touched, from_logs)]
+    else:
+        picked = np.isin(log_pairs, from_logs)
+        rows, pairs = log_rows[picked], log_pairs[picked]
+        block_of = np.repeat(np.arange(len(blocks)), [b.num_rows for _, b in blocks])
+        stored = from_logs[np.isin(from_logs, base_pairs)]
+        at_base = base_row(stored)
+        versions = pa.table({KEY_COLUMN: np.concatenate([stored, pairs]),
+                             DELETED_COLUMN: np.concatenate([np.zeros(len(stored), bool), deleted[rows]]),
+                             SEQ_COLUMN: np.concatenate([np.zeros(len(stored), np.int64), block_of[rows] + 1]),
+                             ordering: pa.concat_arrays([base_values[ordering].take(at_base).combine_chunks(),
+                                                         log_values[ordering].take(rows).combine_chunks()]),
+                             "source": np.concatenate([at_base, base_values.num_rows + rows])})
+        kept = survivors(versions, ordering)  # one row per live key, in key order
+        log_source = kept["source"].to_numpy()[np.searchsorted(kept[KEY_COLUMN].to_numpy(), from_logs)]
+    source = np.empty(int(live.sum()), np.int64)  # each live candidate's row among base values, then log values
+    live_logs = in_logs[live]
+    source[~live_logs] = base_row(from_base)
+    source[live_logs] = log_source
+    return live, pa.concat_tables([base_values, log_values]).take(pa.array(source))
 
 
 def _codes(keys: pa.Array | pa.ChunkedArray, names: pa.Array) -> np.ndarray:

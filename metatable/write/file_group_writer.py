@@ -249,7 +249,7 @@ class FileGroupWriter:
             rows = rows.append_column(DELETED_COLUMN, pa.array(np.zeros(rows.num_rows, dtype=bool)))
         block = in_schema(rows, schema)
         size = write_data_log(self.storage, path, self.task.instant, block, *self.config.log_encoding)
-        keep_log_columns(self.storage, path, block)
+        keep_log_columns(self.storage, path, block, self.task.committed_columns)
         return stats_row(self.partition, file_id, lf.file_name, kind, size, rows.num_rows, counts)
 
 

@@ -244,7 +244,7 @@ def _scan_write(task: WriteTask, spark, files: list[str], small: bool) -> pa.Tab
         return stream.chunks(options["write.chunk_rows"])
 
     if small:
-        return run_indexed_tasks(spark, 1, lambda i: run_local(task, chunks(i), task_spill_dir(task)).to_pylist())
+        return run_indexed_tasks(spark, 1, lambda i: run_local(task, chunks(i), task_spill_dir(task)).stats.to_pylist())
     spill = task.paths.spill(task.instant)  # on the table's file system: a write task reads another host's spill
 
     def tag_share(i: int) -> list[dict]:

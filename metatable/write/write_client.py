@@ -208,11 +208,12 @@ class WriteClient:
             task = WriteTask(context.paths, context.storage, written, instant.time, operation, view.file_slices,
                              view.log_base_instants(), plan, asks_record_index)
             if on_spark:
-                stats = run_spark(task, data)
+                stats, stored = run_spark(task, data), None
             else:
                 stream = data if isinstance(data, pa.Table) else data.chunks(written.options["write.chunk_rows"])
-                stats = run_local(task, stream, context.storage.scratch(context.paths.spill(instant.time)),
+                local = run_local(task, stream, context.storage.scratch(context.paths.spill(instant.time)),
                                   context.metadata)
+                stats, stored = local.stats, local.stored
             rows = stats.to_pylist()
             crash_point("table.write.files")
             files, tally, absent = written_files(rows), counts(rows), absent_deletes(rows)
@@ -223,7 +224,7 @@ class WriteClient:
                                    {"operation": operation, **tally, **({"txn": asdict(txn)} if txn else {}),
                                     **({IMAGES_KEY: True} if written.keeps_before_images else {})},
                                    schema=written.schema if evolves else None, absent_deletes=absent,
-                                   marked_here=not on_spark))
+                                   marked_here=not on_spark, stored=stored))
         result = WriteResult(instant.time, operation, files_written=len(files), seconds=time.monotonic() - started,
                              **tally)
         log.info("%s %s: %d inserted, %d updated, %d upserted, %d deleted, %d skipped, %d stale, %d files in %.2fs",

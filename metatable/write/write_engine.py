@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections import deque
+from dataclasses import dataclass
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Callable, Iterable, Iterator, Sequence
@@ -20,10 +21,11 @@ from indexes.arrow_keys import pair_codes, pair_groups
 from indexes.assigner import Assignment
 
 from metatable.arrow_memory import bulk_memory
+from metatable.commit.stored_rows import GROUP, HELD, StoredRows
 from metatable.config import THREADS
 from metatable.file_group.base_file import new_write_token
 from metatable.file_group.markers import mark_all
-from metatable.file_group.slice_reader import live_in_slices
+from metatable.file_group.slice_reader import live_in_slices, live_rows_in_slices
 from metatable.file_group.written import stats_table
 from metatable.metadata.table import MetadataTable
 from metatable.progress import progress
@@ -102,7 +104,7 @@ def write_whole_input(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> Ite
     """The whole write of a small Spark input, in the one task that reads it: tagged `write.chunk_rows` rows at
     a time and written as an in-process stream is (see `spark_write.run_spark`)."""
     chunks = rechunk(batches, task.config.options["write.chunk_rows"])
-    yield from run_local(task, chunks, task_spill_dir(task)).to_batches()
+    yield from run_local(task, chunks, task_spill_dir(task)).stats.to_batches()
 
 
 def task_spill_dir(task: WriteTask) -> str:
@@ -139,37 +141,58 @@ def tag_chunks(task: WriteTask, chunks: Iterable[pa.Table], metadata: MetadataTa
         yield with_tags(task, chunk, keys, assignment).combine_chunks()
 
 
+@dataclass(frozen=True)
+class LocalWrite:
+    """What a write in this process did: its files' statistics, and the rows its keys had where it read
+    them (`with_presence`)."""
+
+    stats: pa.Table
+    stored: StoredRows | None = None
+
+
 def run_local(task: WriteTask, data: pa.Table | Iterable[pa.Table], spill_dir: str | None = None,
-              metadata: MetadataTable | None = None) -> pa.Table:
+              metadata: MetadataTable | None = None) -> LocalWrite:
     """The whole write in this process. `data` is conformed to the table: a Table, or a stream of chunks
     that are tagged one at a time and held by file group in memory up to `write.spill_bytes`; past that,
     they go to `spill_dir`, one file per file group, so that memory holds the budget, two chunks and the
     file groups being written, not the input. `metadata`: the write's own metadata table, where this is the
-    write's process (`make_assigner`). Returns the files' statistics."""
+    write's process (`make_assigner`)."""
     with bulk_memory():
         if isinstance(data, pa.Table):
             rows = next(tag_chunks(task, [data], metadata))
             groups = list(file_group_rows(rows))
-            rows = with_presence(task, rows, groups)
+            rows, stored = with_presence(task, rows, groups)
             mark_all(task.storage, task.paths, task.instant, rows[PARTITION_COLUMN].unique().to_pylist())
-            return write_groups(task, (partial(rows.take, group) for group in groups), len(groups))
-        return write_stream(task, tag_chunks(task, data, metadata), spill_dir)
+            return LocalWrite(write_groups(task, (partial(rows.take, group) for group in groups), len(groups)),
+                              stored)
+        return LocalWrite(write_stream(task, tag_chunks(task, data, metadata), spill_dir))
 
 
-def with_presence(task: WriteTask, tagged: pa.Table, groups: Sequence[np.ndarray]) -> pa.Table:
+def with_presence(task: WriteTask, tagged: pa.Table, groups: Sequence[np.ndarray]
+                  ) -> tuple[pa.Table, StoredRows | None]:
     """`tagged` with whether each row's key lives in its file group's slice (`PRESENT_COLUMN`), where the
     writers would read the slices' keys to learn it (`WriteTask.reads_slice_keys`): read for all the groups at
-    once (`live_in_slices`), not group by group."""
+    once (`live_in_slices`), not group by group. And where the commit wants them (`WriteTask.stored_columns`),
+    the rows those keys had there, read with their keys."""
     if not task.reads_slice_keys or not task.slices or PRESENT_COLUMN in tagged.column_names:
-        return tagged
+        return tagged, None
     owners = np.empty(tagged.num_rows, np.int64)
-    slices = []
+    slices, names = [], []
     for i, rows in enumerate(groups):
         owners[rows] = i
         first = int(rows[0])
-        slices.append(task.slices.get((tagged[PARTITION_COLUMN][first].as_py(), tagged[FILE_ID_COLUMN][first].as_py())))
-    present = live_in_slices(task.storage, task.paths, task.config, slices, tagged[KEY_COLUMN], owners)
-    return tagged.append_column(PRESENT_COLUMN, pa.array(present))
+        names.append((tagged[PARTITION_COLUMN][first].as_py(), tagged[FILE_ID_COLUMN][first].as_py()))
+        slices.append(task.slices.get(names[-1]))
+    columns = task.stored_columns
+    if not columns:
+        present = live_in_slices(task.storage, task.paths, task.config, slices, tagged[KEY_COLUMN], owners)
+        return tagged.append_column(PRESENT_COLUMN, pa.array(present)), None
+    present, values = live_rows_in_slices(task.storage, task.paths, task.config, slices, tagged[KEY_COLUMN], owners,
+                                          columns)
+    held = pa.array(present)
+    found = pa.table({GROUP: pa.array(owners.astype(np.int32)), KEY_COLUMN: tagged[KEY_COLUMN], HELD: held,
+                      **{c: values[c] for c in values.column_names}})
+    return tagged.append_column(PRESENT_COLUMN, held), StoredRows(tuple(names), found)
 
 
 def write_stream(task: WriteTask, chunks: Iterable[pa.Table], spill_dir: str | None) -> pa.Table:

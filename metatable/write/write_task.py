@@ -58,6 +58,28 @@ class WriteTask:
                 and (self.operation != "upsert" or self.config.options["write.count_updates"]))
 
     @property
+    def stored_columns(self) -> tuple[str, ...]:
+        """The columns whose values a write keeps from its read of the slices' keys, for its commit's secondary
+        index entries (`secondary_records.StoredRows`): those of the secondary indexes commits write, where the
+        write reads the keys and each key's file group is its bucket in its partition (a simple bucket index
+        scoped by partition), so that the slice read holds every version of the key."""
+        config = self.config
+        if not self.reads_slice_keys or config.index.type != "bucket" or config.index.consistent_hashing or \
+                (config.partition_by and config.index.scope != "partition"):
+            return ()
+        indexed = (config.secondary_columns(p) or () for p in config.written_by_commits)
+        return tuple(dict.fromkeys(c for columns in indexed for c in columns))
+
+    @property
+    def committed_columns(self) -> tuple[str, ...]:
+        """The columns of its files that the write's commit reads: the secondary indexes' and the ordering
+        field, which order their entries."""
+        config = self.config
+        indexed = (c for p in config.written_by_commits for c in config.secondary_columns(p) or ())
+        return tuple(dict.fromkeys([*indexed, *([config.ordering_field] if config.ordering_field else [])])) \
+            if any(config.secondary_columns(p) for p in config.written_by_commits) else ()
+
+    @property
     def looks_up_keys(self) -> bool:
         """Whether the index finds each key's file group by a lookup (bloom and record indexes), or a bucket
         index's tagger asks the record index (`asks_record_index`): its rows then carry PRESENT_COLUMN, and

@@ -8,18 +8,23 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 import uuid
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import metatable as mt
 from indexes import secondary_keys as sk
-from metatable.commit import index_records
+from metatable.commit import index_records, secondary_records
+from metatable.commit.stored_rows import GROUP, HELD, StoredRows
 from metatable.errors import InvalidInputError
 from metatable.services.index_build import SpilledEntries
+from metatable.table_config import KEY_COLUMN
 
 from .table_model import SCHEMA as WRITER_SCHEMA, copy_table
 from .test_changes import INDEXES, run_service
@@ -140,6 +145,90 @@ def entries(table: mt.Table, partition: str) -> list[tuple]:
     table.metadata.refresh()
     return [(k, r["value"], r["ordering"], r["partition_path"], r["file_id"])
             for k, r in table.metadata.scan(partition)]
+
+
+WRITES = st.lists(st.tuples(st.sampled_from(["upsert", "upsert", "delete"]), ROWS), min_size=2, max_size=6)
+
+
+def test_entries_from_the_rows_a_write_read_equal_the_data(tmp_path_factory, monkeypatch):
+    """A merge-on-read write on a simple bucket index reads the rows its keys had (to count updates), and its
+    commit computes the secondary index's entries from them (`secondary_records.read_entries`), not from the
+    reverse entries: after every write the index equals the data (`fsck`: every entry and no other), with
+    values changed, to null and back, rows that lose on the ordering field, deletes, and one id in both
+    partitions; queries equal the model. The path was taken."""
+    taken = []
+    original = secondary_records.read_entries
+    monkeypatch.setattr(secondary_records, "read_entries", lambda *args: taken.append(original(*args)) or taken[-1])
+    entries_equal_the_data(tmp_path_factory)
+    assert sum(entries is not None for entries in taken) > 10
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(writes=WRITES, partitioned=st.booleans())
+def entries_equal_the_data(tmp_path_factory, writes, partitioned):
+    path = str(tmp_path_factory.mktemp("written"))
+    table = mt.Table.create(path, SCHEMA, "id", "p" if partitioned else None, "ts", index=mt.IndexConfig(num_buckets=2),
+                            secondary_indexes={"by_g": "g", "by_gh": ["g", "h"]},
+                            options={"compaction.mode": "off", "clean.inline": False})
+    model = Model(partitioned)
+    for operation, rows in writes:
+        rows = list({model.identity(r[0], r[1]): r for r in rows}.values())
+        if operation == "upsert":
+            table.upsert(pa.Table.from_pylist([dict(zip(SCHEMA.names, r)) for r in rows], schema=SCHEMA))
+            model.upsert(rows)
+        else:
+            keys = pa.table({"id": pa.array([r[0] for r in rows], pa.int64()), "p": [r[1] for r in rows]})
+            table.delete(keys if partitioned else keys.select(["id"]))
+            model.delete(rows)
+        report = table.fsck()
+        assert report.healthy, report.problems
+    check(table, model)
+
+
+def test_written_rows_are_paired_with_the_rows_read_by_order_only_where_the_keys_agree():
+    """`_in_order` pairs a commit's written rows with what its write read, group after group in the write's
+    order; rows in another order (or other rows) are paired by key instead (`_rows_of`), also where one key is
+    held in two groups (two partitions' records)."""
+    read = StoredRows((("p=a", "0"), ("p=b", "0")), pa.table({
+        GROUP: pa.array([1, 0, 1, 0], pa.int32()), KEY_COLUMN: ["1", "1", "2", "3"],
+        HELD: [True, False, True, True], "g": [10, None, 20, 30]}))
+    held = read.rows[HELD].to_numpy(zero_copy_only=False)
+    numbers = np.array([0, 1], np.int32)  # the commit's files: group 0's, then group 1's
+    assert secondary_records._in_order(pa.array(["1", "3", "1", "2"]), read, numbers, held).to_pylist() == [
+        None, 3, 0, 2]
+    assert secondary_records._in_order(pa.array(["3", "1", "1", "2"]), read, numbers, held) is None
+    mine = np.flatnonzero(held)
+    found = secondary_records._rows_of(np.array([0, 0, 1, 1]), pa.array(["3", "1", "2", "1"]),
+                                       read.rows[GROUP].to_numpy()[mine],
+                                       read.rows[KEY_COLUMN].take(pa.array(mine)).combine_chunks())
+    assert pa.array(mine).take(found).to_pylist() == [3, None, 2, 0]
+
+
+def test_a_write_whose_file_group_another_write_changed_meanwhile_reads_the_reverse_entries(tmp_path):
+    """A writer process reads its keys' rows, then waits before its commit while this process changes the same
+    record's indexed value and commits: the waiting commit must not take the old value it read (its file group
+    changed since), or the index keeps a forward entry of a value no row has."""
+    root = str(tmp_path / "t")
+    table = mt.Table.create(root, WRITER_SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=1),
+                            secondary_indexes={"by_v": "v"})
+    table.upsert(pa.Table.from_pylist([{"id": 1, "p": "a", "v": "old", "ts": 1}], schema=WRITER_SCHEMA))
+    release = str(tmp_path / "release")
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, pyarrow as pa, metatable as mt\n"
+        "from tests.metatable.table_model import SCHEMA\n"
+        f"mt.Table.open({root!r}).upsert(pa.Table.from_pylist([{{'id': 1, 'p': 'a', 'v': 'late', 'ts': 3}}], "
+        "schema=SCHEMA))\n")], env={**os.environ, "METATABLE_PAUSE_AT": f"table.write.files:{release}"},
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    wait_for(lambda: os.path.exists(release + ".reached"), timeout=60)
+    table.upsert(pa.Table.from_pylist([{"id": 1, "p": "a", "v": "meanwhile", "ts": 2}], schema=WRITER_SCHEMA))
+    open(release, "w").close()
+    assert child.wait(timeout=60) == 0
+    table = mt.Table.open(root)
+    assert table.fsck().healthy, table.fsck().problems
+    assert table.get_by("by_v", ["late"]).num_rows == 1
+    forward = [e[0].split(sk.KEY_SEP)[0] for e in entries(table, "secondary_index_by_v")
+               if not e[0].startswith(sk.KEY_SEP)]
+    assert forward == ["=late"]
 
 
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])

@@ -15,7 +15,8 @@ from indexes.arrow_keys import record_keys
 import metatable as mt
 import metatable.file_group.slice_reader
 import metatable.write.file_group_writer
-from metatable.file_group.slice_reader import live_in_slices, live_mask
+from metatable.file_group.slice_reader import live_in_slices, live_mask, live_rows_in_slices, read_slice
+from metatable.table_config import KEY_COLUMN
 
 
 from .strategies import operation_strategy
@@ -96,15 +97,17 @@ def test_an_upsert_that_does_not_count_updates_reads_no_keys(tmp_path, monkeypat
 
 @settings(max_examples=25, deadline=None)
 @given(ops=st.lists(operation_strategy, min_size=1, max_size=6),
-       ids=st.lists(st.integers(0, 20), min_size=1, max_size=40), matched=st.sampled_from([1, 1 << 22]))
-def test_presence_read_for_many_slices_at_once_equals_each_slice_alone(ops, ids, matched):
+       ids=st.lists(st.integers(0, 17), min_size=1, max_size=20), matched=st.sampled_from([1, 1 << 22]),
+       probe=st.booleans())
+def test_presence_read_for_many_slices_at_once_equals_each_slice_alone(ops, ids, matched, probe):
     """`live_in_slices` against `live_mask` of each slice: the slices of a merge-on-read table after random
-    writes (bases, logs that delete and insert again), each asked about keys it holds, held once, or never
-    held, and a file group with nothing yet; matched all together, and one slice at a time (`MATCHED_KEYS`,
-    `MATCHED_CANDIDATES`), the batches on threads."""
+    writes (bases, logs that delete and insert again, rows that lose on the ordering field), each asked about
+    keys it holds, held once, or never held, and a file group with nothing yet; matched all together, and one
+    slice at a time (`MATCHED_KEYS`, `MATCHED_CANDIDATES`), the batches on threads, or every base probed by its
+    pages (`probe`). `live_rows_in_slices` gives each live key's row as a read of its slice does."""
     root = tempfile.mkdtemp(prefix="mt-presence-")
     reader = metatable.file_group.slice_reader
-    at_once = reader.MATCHED_KEYS, reader.MATCHED_CANDIDATES
+    at_once = reader.MATCHED_KEYS, reader.MATCHED_CANDIDATES, reader.worth_probing, reader.too_many_to_probe
     try:
         table = mt.Table.create(f"{root}/t", SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2),
                                 options={"compaction.mode": "off"})
@@ -113,14 +116,28 @@ def test_presence_read_for_many_slices_at_once_equals_each_slice_alone(ops, ids,
             getattr(table, operation)(data.select(["id", "p"]) if operation == "delete" else data)
         context = table.context
         slices = [*context.view().file_slices.values(), None]
-        keys = record_keys(pa.table({"id": pa.array(ids, pa.int64())}), ["id"]).combine_chunks()
-        owners = np.arange(len(ids)) % len(slices)
+        every = np.tile(np.asarray(ids), len(slices))  # every key asked of every slice, and some twice
+        keys = record_keys(pa.table({"id": pa.array(every, pa.int64())}), ["id"]).combine_chunks()
+        owners = np.repeat(np.arange(len(slices)), len(ids))
         reader.MATCHED_KEYS = reader.MATCHED_CANDIDATES = matched
+        if probe:
+            reader.worth_probing, reader.too_many_to_probe = (lambda *args: True), (lambda *args: False)
         got = live_in_slices(context.storage, context.paths, context.config, slices, keys, owners)
+        live, values = live_rows_in_slices(context.storage, context.paths, context.config, slices, keys, owners,
+                                           ["v"])
+        assert live.tolist() == got.tolist()
+        assert values.column_names == ["v", "ts"]  # the ordering field comes too: it chooses among versions
         for i, fs in enumerate(slices):
             rows = np.flatnonzero(owners == i)
             expected = live_mask(context.storage, context.paths, context.config, fs, keys.take(rows))
             assert got[rows].tolist() == expected.tolist(), fs
+            stored = {} if fs is None else {
+                r[KEY_COLUMN]: (r["v"], r["ts"]) for r in read_slice(context.storage, context.paths, context.config,
+                                                                      fs).to_pylist()}
+            for row in rows:
+                key = keys[int(row)].as_py()
+                want = stored.get(key, (None, None))
+                assert (values["v"][int(row)].as_py(), values["ts"][int(row)].as_py()) == want, (fs, key)
     finally:
-        reader.MATCHED_KEYS, reader.MATCHED_CANDIDATES = at_once
+        reader.MATCHED_KEYS, reader.MATCHED_CANDIDATES, reader.worth_probing, reader.too_many_to_probe = at_once
         shutil.rmtree(root, ignore_errors=True)
