@@ -250,4 +250,4 @@ def _unique(keys: pa.Array) -> bool:
         return True
     if pc.all(pc.less(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py():
         return True
-    return pc.count_distinct(keys).as_py() == len(keys)
+    return len(pc.unique(keys)) == len(keys)  # `count_distinct` took 20 ms for 115k keys, `unique` 9 ms
