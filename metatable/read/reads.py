@@ -10,7 +10,9 @@ from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from indexes.column_stats import stored_stat
 from indexes.keys import column_stats_key
 
 from metatable.arrow_memory import bulk_memory
@@ -19,18 +21,18 @@ from metatable.commit.timeline_view import TimelineView
 from metatable.config import THREADS
 from metatable.errors import InvalidInputError
 from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.slice_reader import base_metadata, read_slices, task_size
+from metatable.file_group.slice_reader import base_metadata, log_tables, read_slices, task_size
 from metatable.file_group.slice_rows import slice_rows
 from metatable.formats.data_log import log_row_count
 from metatable.read.changes import written_since
 from metatable.read.key_lookup import KeysBySlice, candidate_slices, live_rows
 from metatable.read.locator import MetadataIndex
 from metatable.read.scan_filter import (
-    Filter, filter_columns, may_match_any, parse_filter, partition_ranges, row_mask, spark_condition)
+    NULLS, Filter, filter_columns, may_match_any, parse_filter, partition_ranges, row_mask, spark_condition)
 from metatable.read.secondary_lookup import filter_slices, records_then
 from metatable.spark.dataframes import read_dataframe
 from metatable.spark.session import active_session
-from metatable.table_config import TableConfig
+from metatable.table_config import DELETED_COLUMN, TableConfig
 from metatable.timeline.instant import Moment
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,8 @@ def scan_plan(context: TableContext, index: MetadataIndex, as_of: Moment | None 
     read-optimized read (base files only) asks no secondary index: its entries hold the values the logs give."""
     def plan(view: TimelineView) -> ScanPlan:
         filters = parse_filter(filter, view.config.schema)
-        return plan_of(view, filters, partial(keys_then, context, index, view, filters), not read_optimized)
+        return plan_of(view, filters, partial(keys_then, context, index, view, filters), not read_optimized,
+                       context_logs(context, view.config), read_optimized)
     return context.read_view(plan, as_of)
 
 
@@ -98,13 +101,15 @@ def keys_then(context: TableContext, index: MetadataIndex, view: TimelineView, f
 
 
 def plan_of(view: TimelineView, filters: Filter, then: Callable[[pa.Table], KeysBySlice | None] | None = None,
-            secondary: bool = True) -> ScanPlan:
+            secondary: bool = True, logs: LogColumns | None = None, base_only: bool = False) -> ScanPlan:
     """The view's slices the filter may match: judged by their partition's values, read off its path, before
     any of its files is listed (a one-day read of the workload benchmark's 120 days listed and parsed the
     names of all 480 file groups' ~4,800 files first: 72 of its 110 ms); then by each slice's base file's
-    column stats (a slice without logs, when the table has column stats), or a secondary index (where
-    `secondary`; as of an earlier moment, through `then`: see `secondary_lookup.filter_slices`), whose plan reads
-    only the rows of the records the index names (`ScanPlan.keys`)."""
+    column stats (when the table has column stats) and, for a slice with logs that its base's stats rule out,
+    by the ranges of its logs' live rows (`logs`: their columns; a row the slice holds is in its base or in a
+    log, so it may match only where one of them may); or a secondary index (where `secondary`; as of an
+    earlier moment, through `then`: see `secondary_lookup.filter_slices`), whose plan reads only the rows of the
+    records the index names (`ScanPlan.keys`). `base_only`: a read of base files only, whose logs do not count."""
     config = view.config
     partitions = view.partitions
     ranges = {p: partition_ranges(p, config.schema, config.partition_by) for p in partitions} if filters else {}
@@ -115,10 +120,11 @@ def plan_of(view: TimelineView, filters: Filter, then: Callable[[pa.Table], Keys
               "snapshot": view.as_of or view.latest}
     if not filters:
         return ScanPlan(slices, filters, len(slices), config, **pruned)
-    columns = filter_columns(filters)
-    by_stats = [fs for fs in slices if fs.base and not fs.logs] if "column_stats" in config.metadata_indexes else []
+    columns = sorted(filter_columns(filters) - set(config.partition_by))
+    by_stats = [fs for fs in slices if fs.base and (base_only or not fs.logs or logs is not None)] \
+        if "column_stats" in config.metadata_indexes else []
     stats = view.metadata.get_many("column_stats", [column_stats_key(c, fs.partition, fs.base.file_name)
-                                                    for fs in by_stats for c in columns - set(config.partition_by)])
+                                                    for fs in by_stats for c in columns])
     with_stats = {id(fs) for fs in by_stats}
 
     def possible(fs: FileSlice) -> bool:
@@ -127,7 +133,12 @@ def plan_of(view: TimelineView, filters: Filter, then: Callable[[pa.Table], Keys
                 return ranges[fs.partition][column]
             s = stats.get(column_stats_key(column, fs.partition, fs.base.file_name)) if id(fs) in with_stats else None
             return None if s is None else (s["min_value"], s["max_value"])
-        return may_match_any(filters, ranges_of)
+        if not fs.logs or base_only:
+            return may_match_any(filters, ranges_of)
+        if id(fs) not in with_stats or may_match_any(filters, ranges_of):
+            return True
+        in_logs = log_ranges(logs(fs, columns), columns)  # the base's rows cannot match: can the logs' rows?
+        return may_match_any(filters, lambda column: ranges[fs.partition].get(column, in_logs.get(column)))
     kept = [fs for fs in slices if possible(fs)]
     by_index = filter_slices(view, filters, then) if secondary else None
     if by_index is not None:
@@ -140,9 +151,33 @@ def plan_of(view: TimelineView, filters: Filter, then: Callable[[pa.Table], Keys
     return ScanPlan(kept, filters, len(slices), config, **pruned)
 
 
-def filtered(context: TableContext, view: TimelineView, filter: Any) -> pa.Table:
-    """The view's rows that match `filter` (as `to_arrow` takes it)."""
-    return to_arrow(context, plan_of(view, parse_filter(filter, view.config.schema)))
+LogColumns = Callable[[FileSlice, Sequence[str]], Sequence[pa.Table]]  # a slice's log blocks: some columns
+
+
+def log_ranges(blocks: Sequence[pa.Table], columns: Sequence[str]) -> dict[str, Any]:
+    """(min, max) of each column over the live rows of log blocks (their delete markers are no rows of the
+    slice), as column stats store them; NULLS where those rows hold only nulls (or there are none)."""
+    live = [b.filter(pc.invert(b[DELETED_COLUMN])) for b in blocks]
+    out: dict[str, Any] = {}
+    for column in columns:
+        values = [b[column] for b in live if b.num_rows]
+        both = pc.min_max(pa.chunked_array([c for v in values for c in v.chunks], values[0].type)) if values \
+            else None
+        out[column] = NULLS if both is None or not both["min"].is_valid else \
+            (stored_stat(both["min"].as_py()), stored_stat(both["max"].as_py()))
+    return out
+
+
+def context_logs(context: TableContext, config: TableConfig) -> LogColumns:
+    """A slice's log blocks, `columns` of them and the delete flag (kept in this process: `log_tables`)."""
+    return lambda fs, columns: log_tables(context.storage, context.paths, config, fs, [*columns, DELETED_COLUMN])
+
+
+def filtered(context: TableContext, view: TimelineView, filter: Any, columns: list[str] | None = None) -> pa.Table:
+    """The rows (`columns` of them) of the view's snapshot that match `filter`, read as `Table.to_arrow` reads
+    them (on THREADS threads, small slices merged together)."""
+    plan = plan_of(view, parse_filter(filter, view.config.schema), logs=context_logs(context, view.config))
+    return to_arrow(context, plan, columns=columns)
 
 
 def slice_tables(context: TableContext, plan: ScanPlan, columns: Sequence[str] | None = None,

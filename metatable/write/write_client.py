@@ -34,7 +34,7 @@ from metatable.file_group.before_images import IMAGES_KEY
 from metatable.file_group.written import absent_deletes, counts, written_files
 from metatable.read.key_lookup import get_rows
 from metatable.read.locator import MetadataIndex
-from metatable.read.reads import plan_of, to_arrow
+from metatable.read.reads import filtered
 from metatable.read.scan_filter import coerced, parse_filter
 from metatable.schema_evolution import check_changes, merged_write_schema
 from metatable.spark.session import arrow_schema_of, is_dataframe
@@ -86,12 +86,6 @@ class WriteResult:
     upserted: int = 0  # upserted rows not told apart into inserted and updated (`write.count_updates` false)
     files_written: int = 0
     seconds: float = 0.0
-
-
-def matching_rows(context: TableContext, view: TimelineView, where: Any, columns: list[str] | None) -> pa.Table:
-    """The rows (`columns` of them) of the view's snapshot that match the filter, read as `Table.to_arrow`
-    reads them (on THREADS threads, small slices merged together)."""
-    return to_arrow(context, plan_of(view, parse_filter(where, view.config.schema)), columns=columns)
 
 
 def assigned(rows: pa.Table, assignments: Mapping[str, Any]) -> pa.Table:
@@ -149,7 +143,7 @@ class WriteClient:
             written = self.with_data_columns(view.config, config.schema) if merging else view.config
             if where is not None:
                 keys = list(dict.fromkeys([*written.record_key, *written.partition_by]))
-                rows = matching_rows(self.context, view, where, keys if operation == "delete" else None)
+                rows = filtered(self.context, view, where, keys if operation == "delete" else None)
                 return written, self.conformed(assigned(rows, assignments or {}), written, operation), {}
             if not written.schema.equals(config.schema):
                 return written, self.conformed(data, written, operation), {}
