@@ -46,6 +46,7 @@ from metatable.table_config import DELETED_COLUMN, KEY_COLUMN, TableConfig
 from metatable.timeline.instant import Action
 
 Current = Callable[[pa.Array], Entries]  # reverse entry keys -> the entries of those present
+
 TOKEN, ORDERING_TEXT, PARTITION, FILE_ID = "_si_token", "_si_ordering", "_si_partition", "_si_file_id"
 STAMP = "_si_stamp"  # when the commit of a version completed
 SCHEMA = schema("secondary_index")

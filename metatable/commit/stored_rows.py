@@ -16,10 +16,10 @@ class StoredRows:
     """The rows a write's keys had in the file slices it read to tell inserts from updates, as of the snapshot
     it began from (`write_engine.with_presence`): `rows` holds, for each row the write tagged, in its order, its
     file group (`GROUP`), record key, whether the group held the key (`HELD`) and some columns of the row it
-    held (nulls where none). Its
-    commit takes the stored versions of a secondary index from here instead of the index's reverse entries,
-    when no write completed since in those groups (`data_commit.still_stored`): the read was paid anyway, and
-    the 300,239 reverse entries of SF 1's 5% upsert took 1.06-1.66 s to read back (rocksdict's 3-5 us a key)."""
+    held (nulls where none). Its commit takes the stored versions of a secondary index from here instead of
+    the index's reverse entries, when no write completed since in those groups (`data_commit.still_stored`):
+    the read was paid anyway, and the 300,239 reverse entries of SF 1's 5% upsert took 1.06-1.66 s to read
+    back (rocksdict's 3-5 us a key)."""
 
     groups: tuple[FileGroup, ...]
     rows: pa.Table

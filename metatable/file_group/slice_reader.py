@@ -558,10 +558,10 @@ def live_in_slices(storage: Storage, paths: TablePaths, config: TableConfig, sli
 def live_rows_in_slices(storage: Storage, paths: TablePaths, config: TableConfig,
                         slices: Sequence[FileSlice | None], candidates: pa.Array | pa.ChunkedArray,
                         owners: np.ndarray, columns: Sequence[str]) -> tuple[np.ndarray, pa.Table]:
-    """`live_in_slices`, and `columns` of each live candidate's row in its slice (a row per candidate, nulls
-    where it is not live): the base's columns are read beside its keys, and a log's with its key column, so
-    the rows come at the price of the columns' decoding (a write's secondary index entries need the values its
-    keys had)."""
+    """`live_in_slices`, and `columns` of each live candidate's row in its slice, with the ordering field that
+    chooses among its versions (a row per candidate, nulls where it is not live): the base's columns are read
+    beside its keys, and a log's with its key column, so the rows come at the price of the columns' decoding
+    (a write's secondary index entries need the values its keys had)."""
     return _live(storage, paths, config, slices, candidates, owners, tuple(columns))
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 from collections import deque
-from dataclasses import dataclass
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Iterable, Iterator, Sequence
 
