@@ -170,6 +170,11 @@ class TableConfig:
         reverse entries, which the build has not written yet)."""
         return tuple(p for p in self.maintained if self.secondary_columns(p) is None or p in self.metadata_indexes)
 
+    @property
+    def columns_indexed_by_commits(self) -> tuple[str, ...]:
+        """The columns of the secondary indexes a commit writes (`written_by_commits`), each once."""
+        return tuple(dict.fromkeys(c for p in self.written_by_commits for c in self.secondary_columns(p) or ()))
+
     def secondary_columns(self, partition: str) -> tuple[str, ...] | None:
         """The columns of the secondary index a metadata partition holds (None: not a secondary index)."""
         name = secondary_index_name(partition)

@@ -120,7 +120,7 @@ def publish(context: TableContext, c: Commit) -> Publication:
     replaced = c.metadata.get("replaced", {})
     supersedes = maintained and (replaced or any(f.kind == "base" for f in files))  # else no view to read
     change = Change(c.committer.action, files, superseded_bases(context.view(), files, replaced) if supersedes else {},
-                    completed, still_stored(c.stored, concurrent, resolution) if c.catch_up is None else None)
+                    completed, still_stored(c.stored, concurrent, resolution))
     if any(now.secondary_columns(p) for p in maintained):
         metadata.refresh()  # a secondary index reads what every commit completed before this one wrote
     records: dict[str, dict[str, Any]] = {"files": files_records(files),

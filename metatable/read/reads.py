@@ -79,8 +79,8 @@ def scan_plan(context: TableContext, index: MetadataIndex, as_of: Moment | None 
     read-optimized read (base files only) asks no secondary index: its entries hold the values the logs give."""
     def plan(view: TimelineView) -> ScanPlan:
         filters = parse_filter(filter, view.config.schema)
-        return plan_of(view, filters, partial(keys_then, context, index, view, filters), not read_optimized,
-                       context_logs(context, view.config), read_optimized)
+        return plan_of(view, filters, context_logs(context, view.config),
+                       partial(keys_then, context, index, view, filters), not read_optimized, read_optimized)
     return context.read_view(plan, as_of)
 
 
@@ -100,8 +100,12 @@ def keys_then(context: TableContext, index: MetadataIndex, view: TimelineView, f
     return candidate_slices(context, index, *records_then(view, entries, since, still_matching), view)
 
 
-def plan_of(view: TimelineView, filters: Filter, then: Callable[[pa.Table], KeysBySlice | None] | None = None,
-            secondary: bool = True, logs: LogColumns | None = None, base_only: bool = False) -> ScanPlan:
+LogColumns = Callable[[FileSlice, Sequence[str]], Sequence[pa.Table]]  # a slice's log blocks: some columns
+
+
+def plan_of(view: TimelineView, filters: Filter, logs: LogColumns,
+            then: Callable[[pa.Table], KeysBySlice | None] | None = None, secondary: bool = True,
+            base_only: bool = False) -> ScanPlan:
     """The view's slices the filter may match: judged by their partition's values, read off its path, before
     any of its files is listed (a one-day read of the workload benchmark's 120 days listed and parsed the
     names of all 480 file groups' ~4,800 files first: 72 of its 110 ms); then by each slice's base file's
@@ -121,8 +125,7 @@ def plan_of(view: TimelineView, filters: Filter, then: Callable[[pa.Table], Keys
     if not filters:
         return ScanPlan(slices, filters, len(slices), config, **pruned)
     columns = sorted(filter_columns(filters) - set(config.partition_by))
-    by_stats = [fs for fs in slices if fs.base and (base_only or not fs.logs or logs is not None)] \
-        if "column_stats" in config.metadata_indexes else []
+    by_stats = [fs for fs in slices if fs.base] if "column_stats" in config.metadata_indexes else []
     stats = view.metadata.get_many("column_stats", [column_stats_key(c, fs.partition, fs.base.file_name)
                                                     for fs in by_stats for c in columns])
     with_stats = {id(fs) for fs in by_stats}
@@ -151,9 +154,6 @@ def plan_of(view: TimelineView, filters: Filter, then: Callable[[pa.Table], Keys
     return ScanPlan(kept, filters, len(slices), config, **pruned)
 
 
-LogColumns = Callable[[FileSlice, Sequence[str]], Sequence[pa.Table]]  # a slice's log blocks: some columns
-
-
 def log_ranges(blocks: Sequence[pa.Table], columns: Sequence[str]) -> dict[str, Any]:
     """(min, max) of each column over the live rows of log blocks (their delete markers are no rows of the
     slice), as column stats store them; NULLS where those rows hold only nulls (or there are none)."""
@@ -176,7 +176,7 @@ def context_logs(context: TableContext, config: TableConfig) -> LogColumns:
 def filtered(context: TableContext, view: TimelineView, filter: Any, columns: list[str] | None = None) -> pa.Table:
     """The rows (`columns` of them) of the view's snapshot that match `filter`, read as `Table.to_arrow` reads
     them (on THREADS threads, small slices merged together)."""
-    plan = plan_of(view, parse_filter(filter, view.config.schema), logs=context_logs(context, view.config))
+    plan = plan_of(view, parse_filter(filter, view.config.schema), context_logs(context, view.config))
     return to_arrow(context, plan, columns=columns)
 
 

@@ -67,17 +67,15 @@ class WriteTask:
         if not self.reads_slice_keys or config.index.type != "bucket" or config.index.consistent_hashing or \
                 (config.partition_by and config.index.scope != "partition"):
             return ()
-        indexed = (config.secondary_columns(p) or () for p in config.written_by_commits)
-        return tuple(dict.fromkeys(c for columns in indexed for c in columns))
+        return config.columns_indexed_by_commits
 
     @property
     def committed_columns(self) -> tuple[str, ...]:
         """The columns of its files that the write's commit reads: the secondary indexes' and the ordering
-        field, which order their entries."""
-        config = self.config
-        indexed = (c for p in config.written_by_commits for c in config.secondary_columns(p) or ())
-        return tuple(dict.fromkeys([*indexed, *([config.ordering_field] if config.ordering_field else [])])) \
-            if any(config.secondary_columns(p) for p in config.written_by_commits) else ()
+        field, which orders their entries (none without a secondary index)."""
+        indexed = self.config.columns_indexed_by_commits
+        ordering = self.config.ordering_field
+        return tuple(dict.fromkeys([*indexed, ordering])) if indexed and ordering else indexed
 
     @property
     def looks_up_keys(self) -> bool:
