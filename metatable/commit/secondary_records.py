@@ -1,7 +1,9 @@
 """What a commit records in a secondary index (`secondary_index_<name>`), and what an index build writes.
 
-A commit reads the **reverse entries** of the keys its files write (one batched metadata multi-get: no data
-file is read for the old values) and merges them with its files' rows by the table's merge rule
+Where its write read the rows its keys had (`StoredRows`: a merge-on-read write on a simple bucket index that
+counts updates) and no write changed them since, a commit compares its rows with those (`read_entries`).
+Otherwise it reads the **reverse entries** of the keys its files write (one batched metadata multi-get: no
+data file is read for the old values) and merges them with its files' rows by the table's merge rule
 (`record_merge.survivors`: the greatest ordering value wins, a delete removes what came before it, versions in
 the order their commits completed), so a row that loses to the stored one changes nothing. For each key whose
 outcome differs from the stored one:
