@@ -9,8 +9,11 @@ instant something still needs from the active timeline:
   or before an archive's `until` counts as completed wherever it shows, a metadata compaction's base too);
 - a data instant that completed after a pending one began (less a minute for clocks): the pending one's
   conflict check looks for the instants that completed since it began on the active timeline;
-- a clustering that a completed clean has not cleaned up after (newer than `readable_from`): views hide the
-  file groups it replaced only while it is active;
+- a clustering while a file of a group it replaced is still in the table (`replaced_files_remain`): views hide
+  the file groups it replaced only while it is active. A clean that completed after it removes those files;
+  one planned while it was pending records a `readable_from` past it and removes none of them, so that time
+  alone does not say they are gone (the chaos run's churn configuration archived a resize so, and the 133 keys
+  of the group it had split were stored twice);
 - an indexing while an index is still building (a stopped indexer's states are finished from it).
 
 What readers of the latest snapshot and the services still need of the archived instants is carried in the
@@ -25,6 +28,9 @@ from functools import partial
 
 from metatable.commit.context import TableContext
 from metatable.commit.data_commit import completed_at
+from metatable.commit.timeline_view import TimelineView
+from metatable.file_group.base_file import PARQUET
+from metatable.file_group.file_slice import parse_names
 from metatable.table_config import BUILDING
 from metatable.timeline.archive import Content
 from metatable.timeline.instant import DATA_ACTIONS, WRITE_ACTIONS, Action, Instant, nanoseconds_of
@@ -57,7 +63,8 @@ def archivable(context: TableContext, active: list[Instant], keep: int) -> list[
     pending = [i for i in active if not i.is_completed]
     stop = min((i.time for i in context.metadata.timeline.pending()), default=None)
     began_ns = min((nanoseconds_of(i.time) for i in pending), default=None)
-    readable_from = context.view().readable_from
+    view = context.view()
+    readable_from = view.readable_from
     building = BUILDING in context.index_states().values()
     run = []
     for instant in active[:max(0, len(active) - keep)]:
@@ -66,12 +73,21 @@ def archivable(context: TableContext, active: list[Instant], keep: int) -> list[
         if instant.action in DATA_ACTIONS:
             if began_ns is not None and completed_at(context, instant) >= began_ns - CLOCK_SKEW_NS:
                 break
-        if instant.action is Action.REPLACECOMMIT and instant.time >= readable_from:
+        if instant.action is Action.REPLACECOMMIT and (instant.time >= readable_from or
+                                                       replaced_files_remain(context, view, instant)):
             break
         if instant.action is Action.INDEXING and building:
             break
         run.append(instant)
     return run
+
+
+def replaced_files_remain(context: TableContext, view: TimelineView, clustering: Instant) -> bool:
+    """Whether the table still holds a file of a group that `clustering` replaced (only its partitions are read)."""
+    replaced: dict[str, list[str]] = context.timeline.read_json(clustering).get("replaced", {})
+    sizes = view.file_sizes(replaced)
+    return any(f.file_id in ids for partition, ids in replaced.items()
+               for files in parse_names(sizes[partition], PARQUET) for f in files)
 
 
 def carry(retain: int, carried: Content, run: list[tuple[Instant, Content]]) -> Content:

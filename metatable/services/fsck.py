@@ -8,7 +8,9 @@ The check reads everything a reader may need, and reports every problem instead 
   and cleans did not delete) are present, and read whole, bases with their page checksums verified; and the
   `files` partition lists exactly those;
 - every ready secondary index against the data: it holds exactly the forward and reverse entries of the
-  latest snapshot's live rows.
+  latest snapshot's live rows;
+- no record key is live in two file groups of the latest snapshot (each merges only its own rows, so reads
+  would return the key twice). No index can say that: it names one file group per key.
 
 With `repair` it also removes what dead processes left behind (`commit.leftovers`), as every clean does.
 """
@@ -25,12 +27,15 @@ from indexes.secondary_keys import KEY_SEP
 from metatable.commit.context import TableContext
 from metatable.commit.index_records import secondary_slice_entries
 from metatable.commit.leftovers import find_leftovers, remove
+from metatable.commit.timeline_view import group_name
 from metatable.errors import CorruptFileError, MetatableError, MissingFileError
-from metatable.file_group.slice_reader import read_base
+from metatable.file_group.file_slice import FileSlice
+from metatable.file_group.slice_reader import read_base, read_each
 from metatable.formats.avro_columns import decode_columns
 from metatable.formats.data_log import read_data_log
 from metatable.formats.log_file import Entries, LogFile
 from metatable.metadata.records import KINDS
+from metatable.table_config import KEY_COLUMN
 from metatable.timeline.replay import live_files
 
 log = logging.getLogger(__name__)
@@ -38,7 +43,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str     # "missing", "corrupt", "metadata" or "timeline"
+    kind: str     # "missing", "corrupt", "metadata", "timeline" or "duplicate"
     path: str
     detail: str
 
@@ -69,6 +74,7 @@ def check(context: TableContext, repair: bool = False) -> FsckReport:
         expected, missing = live_files(context.timeline, context.paths, context.storage)
         problems += files_partition_mismatch(context, expected, set(missing))
         problems += secondary_index_mismatch(context)
+        problems += keys_in_several_file_groups(context)
     checked = 0
     gone: list[Problem] = [Problem("missing", path, "a completed commit added it and no clean deleted it")
                            for path in missing]
@@ -155,6 +161,44 @@ def secondary_index_mismatch(context: TableContext) -> list[Problem]:
             out.append(Problem("metadata", metadata.layout.dir(partition),
                                f"{len(wrong)} entries of {partition} disagree with the data (first: {wrong[0]}): "
                                "`metatable metadata rebuild TABLE`"))
+    return out
+
+
+def keys_in_several_file_groups(context: TableContext) -> list[Problem]:
+    """Record keys live in more than one file group of the latest snapshot, one problem per partition (per
+    table where keys are unique across partitions). The key columns are read a partition at a time, so what is
+    held at once is a partition's keys (the table's with a global index). The chaos run's churn configuration
+    found a table whose fsck was healthy while a clustering archived too early had made 133 keys live twice."""
+    try:
+        view = context.view()
+        slices = view.file_slices
+    except MetatableError:
+        return []  # reported by check_metadata
+    config = view.config.reading(())
+    scopes: dict[str, list[FileSlice]] = {}
+    for (partition, _), fs in slices.items():
+        scopes.setdefault("" if config.keys_unique_across_partitions else partition, []).append(fs)
+    out = []
+    for scope, held_slices in sorted(scopes.items()):
+        try:
+            rows = [r for group in read_each(context.storage, context.paths, config, held_slices) for r in group]
+        except MetatableError:
+            continue  # a damaged or missing file, or metadata: reported by the other checks
+        if not any(r.num_rows for r in rows):
+            continue
+        held = pa.table({"key": pa.concat_arrays([r[KEY_COLUMN].combine_chunks() for r in rows]),
+                         "group": pa.concat_arrays([pa.repeat(pa.scalar(i, pa.int32()), r.num_rows)
+                                                    for i, r in enumerate(rows)])})
+        counts = held.group_by("key").aggregate([("group", "count")])
+        twice = counts.filter(pc.greater(counts["group_count"], 1))["key"]
+        if len(twice):
+            first = twice[0].as_py()
+            where = held.filter(pc.equal(held["key"], first))["group"].to_pylist()
+            names = [group_name(held_slices[i].partition, held_slices[i].file_id) for i in where]
+            out.append(Problem("duplicate", context.paths.partition_dir(scope) if scope else context.root,
+                               f"{len(twice)} record keys are live in more than one file group, so reads return "
+                               f"them more than once (first: {first!r} in {names}). This is a defect of metatable: "
+                               "report it with `metatable timeline --all TABLE`"))
     return out
 
 
