@@ -19,9 +19,10 @@ from metatable.commit.data_commit import Commit, commit, completed_at, files_rec
 from metatable.commit.index_records import cleaned_bases, removed_bases_records
 from metatable.commit.leftovers import sweep_if_due
 from metatable.faults import crash_point
-from metatable.file_group.base_file import PARQUET
+from metatable.file_group.base_file import PARQUET, BaseFile
 from metatable.file_group.before_images import instants_with_images, remove_images
 from metatable.file_group.file_slice import parse_names
+from metatable.formats.log_file import LogFile
 from metatable.timeline.instant import DATA_ACTIONS, WRITE_ACTIONS, Action, Instant, nanoseconds_of
 from metatable.timeline.lifecycle import Service, run_due
 from metatable.timeline.transaction import Content
@@ -107,6 +108,15 @@ def settled_instants(context: TableContext, retain: int,
     return is_settled, max(settled)
 
 
+def written_since(bases: list[BaseFile], logs: list[LogFile], settled: Callable[[str], bool]) -> set[str]:
+    """The file groups with a file that an instant not settled wrote. A replaced group goes whole only once
+    none has: a write that committed while a resize was pending wrote its rows into the groups the resize
+    replaces (the resize adopted a copy), and `changes()` of a window holding that write reads them there. Until
+    then the group is cleaned like a live one. The chaos run's `changes()` met such a log deleted: the resize was
+    settled, the write (completed before it, with a later instant) was not."""
+    return {b.file_id for b in bases if not settled(b.instant)} | {lf.file_id for lf in logs if not settled(lf.instant)}
+
+
 def service(context: TableContext) -> Service[None]:
     def plan() -> Content | None:
         options = context.config.options
@@ -123,7 +133,7 @@ def service(context: TableContext) -> Service[None]:
                     gone.setdefault(p, set()).update(ids)
         for partition, names in view.live_files.items():
             bases, logs = parse_names(names, PARQUET)
-            replaced = gone.get(partition, set())
+            replaced = gone.get(partition, set()) - written_since(bases, logs, settled)
             here = [f.file_name for f in [*bases, *logs] if f.file_id in replaced]
             if here:
                 doomed.setdefault(partition, []).extend(here)

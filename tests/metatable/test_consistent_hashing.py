@@ -14,6 +14,7 @@ import time
 import fastavro
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import Phase, event, given, settings, strategies as st
 
@@ -336,6 +337,44 @@ def test_a_write_that_began_while_the_resize_was_pending_commits_after_it(lake, 
     check_all(table, model)
     replaced = table.context.view().replaced
     assert not {(p, f) for (p, f) in table.file_slices()} & replaced
+
+
+@pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
+def test_a_clean_keeps_the_files_a_retained_write_wrote_into_a_replaced_group(tmp_path, table_type):
+    """A write that committed during a pending resize wrote its rows into the groups the resize replaces (the
+    dual logs are the resize's copy). Once the resize completed, a clean whose retained instants hold that
+    write but not the resize deleted those groups whole, and `changes()` of a window holding the write met a
+    missing file (the chaos run's churn configuration). The retained instant between the two is a write to
+    another partition, held before its commit until the resize completed."""
+    table, model, instant = pending_resize(str(tmp_path / "t"), table_type)
+    go = tmp_path / "go"
+    other = rows(range(5), "b", "other", 3)
+    writer = act(table.path, "upsert", other, {**BASE, **LIVE}, **held_at("table.write.files", go))
+    wait_held(writer, go)
+    during = rows(range(0, 600, 7), "a", "during", 2)
+    written = table.upsert(pa.Table.from_pylist(during, schema=SCHEMA)).instant  # dual writes
+    assert with_options(table, LIVE).run_clustering() == [instant]
+    go.touch()
+    code, out, err = finished(writer)
+    assert code == 0, out + err
+    start = next(i.time for i in table.timeline() if instant < i.time < written)  # the held write's instant
+    cleaner = with_options(table, {"clean.retain_commits": 1})
+    cleaner.clean()
+    assert table.context.view().readable_from <= start
+    changed = table.changes(start)  # it read the write's files in the replaced groups: no MissingFileError
+    if table_type == "merge_on_read":  # copy-on-write: see test_writes_during_a_pending_resize_dual_write
+        assert sorted(changed.filter(pc.equal(changed["p"], "a"))["id"].to_pylist()) == \
+            sorted(2 * [r["id"] for r in during])  # each an update: its pre- and post-image
+    model.apply("upsert", during)
+    model.apply("upsert", other)
+    check_all(table, model)
+    assert mt.Table.open(table.path).fsck().healthy
+    for ts in (4, 5):  # once the write is settled too, the replaced groups go whole
+        table.upsert(pa.Table.from_pylist(rows(range(5), "b", "later", ts), schema=SCHEMA))
+    assert cleaner.clean() is not None
+    view = table.context.view()
+    assert view.replaced and not {(p, f) for p, names in view.live_files.items()
+                                  for f in {n.lstrip(".").split("_")[0] for n in names}} & view.replaced
 
 
 def test_two_resizes_racing_for_one_partition(tmp_path):
