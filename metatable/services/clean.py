@@ -1,6 +1,6 @@
 """Clean, a table service: delete file slices that none of the last `clean.retain_commits` completed
 instants can read (older slices of a file group; every slice of a file group that a clustering replaced at
-or before the oldest retained instant), and tombstone them in `files`, `column_stats` and `bloom_filter`.
+or before the oldest retained instant, once no retained instant wrote into it), and tombstone them in `files`, `column_stats` and `bloom_filter`.
 
 Clean keeps what an inflight write may still read: the horizon is never past the last instant completed
 before the oldest pending write began. Clean only goes forward: it deletes the planned files first, then
@@ -108,13 +108,18 @@ def settled_instants(context: TableContext, retain: int,
     return is_settled, max(settled)
 
 
-def written_since(bases: list[BaseFile], logs: list[LogFile], settled: Callable[[str], bool]) -> set[str]:
-    """The file groups with a file that an instant not settled wrote. A replaced group goes whole only once
-    none has: a write that committed while a resize was pending wrote its rows into the groups the resize
-    replaces (the resize adopted a copy), and `changes()` of a window holding that write reads them there. Until
-    then the group is cleaned like a live one. The chaos run's `changes()` met such a log deleted: the resize was
+def wholly_settled(groups: set[str], bases: list[BaseFile], logs: list[LogFile],
+                   settled: Callable[[str], bool]) -> set[str]:
+    """The file groups among `groups` whose every file a settled instant wrote. A replaced group goes whole only
+    then: a write that committed while a resize was pending wrote its rows into the groups the resize replaces
+    (the resize adopted a copy), and `changes()` of a window holding that write reads them there; until then
+    the group is cleaned like a live one. The chaos run's `changes()` met such a log deleted: the resize was
     settled, the write (completed before it, with a later instant) was not."""
-    return {b.file_id for b in bases if not settled(b.instant)} | {lf.file_id for lf in logs if not settled(lf.instant)}
+    if not groups:
+        return groups
+    unsettled = {f.file_id for f in bases if f.file_id in groups and not settled(f.instant)}
+    unsettled |= {f.file_id for f in logs if f.file_id in groups and not settled(f.instant)}
+    return groups - unsettled
 
 
 def service(context: TableContext) -> Service[None]:
@@ -133,7 +138,7 @@ def service(context: TableContext) -> Service[None]:
                     gone.setdefault(p, set()).update(ids)
         for partition, names in view.live_files.items():
             bases, logs = parse_names(names, PARQUET)
-            replaced = gone.get(partition, set()) - written_since(bases, logs, settled)
+            replaced = wholly_settled(gone.get(partition, set()), bases, logs, settled)
             here = [f.file_name for f in [*bases, *logs] if f.file_id in replaced]
             if here:
                 doomed.setdefault(partition, []).extend(here)

@@ -25,6 +25,8 @@ from indexes.consistent_hashing import initial_ring
 from indexes.keys import hashing_meta_key
 
 from metatable.errors import ConflictError, InvalidInputError
+from metatable.file_group.base_file import PARQUET
+from metatable.file_group.file_slice import parse_names
 from metatable.metadata.table import MetadataTable
 from metatable.timeline.instant import Action
 
@@ -362,7 +364,8 @@ def test_a_clean_keeps_the_files_a_retained_write_wrote_into_a_replaced_group(tm
     cleaner.clean()
     assert table.context.view().readable_from <= start
     changed = table.changes(start)  # it read the write's files in the replaced groups: no MissingFileError
-    if table_type == "merge_on_read":  # copy-on-write: see test_writes_during_a_pending_resize_dual_write
+    if table_type == "merge_on_read":  # copy-on-write reports none: its catch-up merges them into a base of the
+        # resize's instant (the open gap in docs/design-notes.md, stop 71)
         assert sorted(changed.filter(pc.equal(changed["p"], "a"))["id"].to_pylist()) == \
             sorted(2 * [r["id"] for r in during])  # each an update: its pre- and post-image
     model.apply("upsert", during)
@@ -373,8 +376,11 @@ def test_a_clean_keeps_the_files_a_retained_write_wrote_into_a_replaced_group(tm
         table.upsert(pa.Table.from_pylist(rows(range(5), "b", "later", ts), schema=SCHEMA))
     assert cleaner.clean() is not None
     view = table.context.view()
-    assert view.replaced and not {(p, f) for p, names in view.live_files.items()
-                                  for f in {n.lstrip(".").split("_")[0] for n in names}} & view.replaced
+    live = set()
+    for p, names in view.live_files.items():
+        bases, logs = parse_names(names, PARQUET)
+        live |= {(p, f.file_id) for f in [*bases, *logs]}
+    assert view.replaced and not live & view.replaced
 
 
 def test_two_resizes_racing_for_one_partition(tmp_path):
