@@ -1,6 +1,7 @@
 """Clean, a table service: delete file slices that none of the last `clean.retain_commits` completed
 instants can read (older slices of a file group; every slice of a file group that a clustering replaced at
-or before the oldest retained instant, once no retained instant wrote into it), and tombstone them in `files`, `column_stats` and `bloom_filter`.
+or before the oldest retained instant, once no retained instant wrote into it), and tombstone them in
+`files`, `column_stats` and `bloom_filter`.
 
 Clean keeps what an inflight write may still read: the horizon is never past the last instant completed
 before the oldest pending write began. Clean only goes forward: it deletes the planned files first, then
