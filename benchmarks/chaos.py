@@ -86,6 +86,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
                                                  "changes.before_images": True},
                                      # a resize waits for no pending compaction in its partition
                                      "pauses": {"compactor": (3.0, 6.0)}},
+    # copy-on-write resizes: a write during a pending one gives each child a base of its own instant
+    "cow-consistent-hashing": {"table_type": "copy_on_write",
+                               "index": {"type": "bucket", "engine": "consistent_hashing", "num_buckets": 2},
+                               "metadata_indexes": ["column_stats"], "indexer": ["record_index", SECONDARY],
+                               "options": {"write.target_file_size": 8 << 10, "bucket.split_point": "middle",
+                                           "bucket.split_threshold": 1.5, "bucket.merge_threshold": 1.3,
+                                           "changes.before_images": True}},
     "cow-bloom": {"table_type": "copy_on_write", "index": {"type": "bloom"},
                   "metadata_indexes": ["column_stats", "bloom_filter"], "indexer": ["record_index"],
                   "options": {"changes.before_images": True}},

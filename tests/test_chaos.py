@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ["mor-bucket", "mor-consistent-hashing", "cow-bloom", "mor-record", "mor-consistent-hashing-churn"]
+CONFIGS = ["mor-bucket", "mor-consistent-hashing", "cow-bloom", "mor-record", "mor-consistent-hashing-churn",
+           "cow-consistent-hashing"]
 ON_THE_RGW = ["mor-consistent-hashing", "cow-bloom"]  # both table types, the most moving parts: the suite's time
 
 

@@ -130,7 +130,7 @@ def record_index_records(storage: Storage, paths: TablePaths, config: TableConfi
     tombstones: list[Entries] = []
     entries: list[Entries] = []
     in_order: list[Entries] = []
-    for f in change.files:
+    for f in change.final_files:
         path = paths.file(f.partition, f.file_name)
         tombstone = kind.encode(entry_of(f.partition, "", instant, change.completed_at, deleted=True))
         gone = None

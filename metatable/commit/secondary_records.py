@@ -70,7 +70,7 @@ def secondary_records(storage: Storage, paths: TablePaths, config: TableConfig, 
         if read is not None:
             return read
     parts = []
-    for seq, f in enumerate(change.files, 1):
+    for seq, f in enumerate(change.final_files, 1):
         path = paths.file(f.partition, f.file_name)
         if f.file_name.endswith("." + PARQUET):
             rows = read_base(storage, path, row_schema(config, columns, deleted=False), known=config.known_columns)

@@ -13,7 +13,7 @@ from indexes.bloom import BloomFilter
 from indexes.column_stats import file_column_stats
 
 from metatable.file_group.base_file import PARQUET, BaseFile, new_write_token
-from metatable.file_group.markers import mark
+from metatable.file_group.markers import mark, mark_file, written_by
 from metatable.file_group.slice_reader import keep_key_column
 from metatable.file_group.written import NO_COUNTS, stats_row
 from metatable.formats.key_pages import nul_free_metadata, remember_footer, write_options
@@ -23,19 +23,25 @@ from metatable.table_config import KEY_COLUMN, TableConfig
 
 
 def new_file(storage: Storage, paths: TablePaths, instant: str, partition: str, name: str) -> str:
-    """The path of a new data file, marked first so that a rollback of `instant` can find it."""
-    mark(storage, paths, instant, partition)
+    """The path of a new data file, marked first so that a rollback of `instant` can find it: by its partition,
+    or by its own path where its name gives another instant (a resize's catch-up)."""
+    if written_by(name, instant):
+        mark(storage, paths, instant, partition)
+    else:
+        mark_file(storage, paths, instant, paths.relative(partition, name))
     return paths.file(partition, name)
 
 
 def write_base_file(storage: Storage, paths: TablePaths, config: TableConfig, instant: str, partition: str,
-                    file_id: str, rows: pa.Table, write_token: str | None = None) -> dict:
+                    file_id: str, rows: pa.Table, write_token: str | None = None,
+                    marked_by: str | None = None) -> dict:
     """Write `rows` as a new Parquet base file of the file group (marked, staged, published), sorted by
     record key so that lookups read one key page (`key_pages`); returns its statistics row: name, size,
     row count and what the metadata table indexes for it. A fixed `write_token` makes a retried write
-    replace its file instead of leaving a twin."""
+    replace its file instead of leaving a twin. `marked_by`: the instant whose rollback deletes the file, when
+    not `instant`."""
     name = BaseFile(file_id, write_token or new_write_token(), instant, PARQUET).file_name
-    path = new_file(storage, paths, instant, partition, name)
+    path = new_file(storage, paths, marked_by or instant, partition, name)
     storage.makedirs(os.path.dirname(path))
     staged = storage.staging_path(path)
     collected: list[pq.FileMetaData] = []

@@ -9,8 +9,10 @@ partitions on an object store made 56 marker PUTs, now 7. A marker's name is `@`
 base64 (one listing of the instant's marker directory names every partition); partitions too long for a
 file name go into the content of a `~<random>` marker, as do all the partitions of a write that knows them
 before it writes its first file (`mark_all`: an in-process write, once its input is tagged; one PUT where a
-batch into 120 date partitions made 120). Markers made before markers named partitions name a file (the
-base64 of its path, no prefix) and are still read.
+batch into 120 date partitions made 120). A file whose name gives another instant (a resize's catch-up
+names the bases and logs it adopts by the writes they came from) is marked by its path: a `!<random>` marker
+holds it (`mark_file`). Markers made before markers named partitions name a file (the base64 of its path, no
+prefix) and are still read.
 
 On an object store a write that made every marker of its instant in its own process (in process, not on
 Spark's executors) deletes them by name, with its heartbeat in one request (`own_markers`), instead of
@@ -33,6 +35,7 @@ from metatable.storage.paths import TablePaths
 NAME_LIMIT = 240  # bytes of a marker's name: file systems allow 255
 PARTITION = "@"  # outside the URL-safe base64 alphabet, as LONG is: the two kinds and a file marker never clash
 LONG = "~"
+FILE = "!"  # a marker holding the path of one file, relative to the table
 SEPARATOR = "\0"  # between the partitions a `LONG` marker names
 _MARKED_LIMIT = 100_000  # (instant, partition) pairs remembered; forgetting one only costs a marker written again
 
@@ -73,6 +76,11 @@ def mark_all(storage: Storage, paths: TablePaths, instant: str, partitions: Iter
         _marked.update((directory, p) for p in new)
 
 
+def mark_file(storage: Storage, paths: TablePaths, instant: str, relative: str) -> None:
+    """Before `instant` writes the data file `relative` (to the table), whose name gives another instant."""
+    _write(storage, paths.markers(instant), FILE + uuid.uuid4().hex, relative.encode())
+
+
 def _write(storage: Storage, directory: str, name: str, content: bytes) -> None:
     """A marker (under `_marking`)."""
     storage.write_atomic(os.path.join(directory, name), content, durable=False)
@@ -102,6 +110,8 @@ def written_files(storage: Storage, paths: TablePaths, instant: str) -> list[str
             continue
         if name.startswith(LONG):
             partitions.update(storage.read(os.path.join(directory, name)).decode().split(SEPARATOR))
+        elif name.startswith(FILE):
+            files.add(storage.read(os.path.join(directory, name)).decode())
         elif name.startswith(PARTITION):
             partitions.add(base64.urlsafe_b64decode(name[len(PARTITION):]).decode())
         else:

@@ -93,12 +93,10 @@ def settled_instants(context: TableContext, retain: int,
     seen = seen_by_inflight_writes(context)
     if seen is not None:  # an inflight write reads the slices its view saw (archival kept what it did not see)
         settled = {time for time in settled if time in seen or archived.holds(time)}
-    for indexing in timeline.pending([Action.INDEXING]):  # an indexing builds from its snapshot
-        up_to = (timeline.plan(indexing) or {}).get("up_to")
-        if up_to:
-            log.info("clean keeps the snapshot as of %s for pending indexing %s", up_to, indexing.time)
-            settled = {t for t in settled if t <= up_to}
-            up_to_all = min(up_to_all or up_to, up_to)
+    for up_to, reader in kept_snapshots(context):
+        log.info("clean keeps the snapshot as of %s for %s", up_to, reader)
+        settled = {t for t in settled if t <= up_to}
+        up_to_all = min(up_to_all or up_to, up_to)
     if not settled:
         return None
 
@@ -107,6 +105,22 @@ def settled_instants(context: TableContext, retain: int,
                                    and (up_to_all is None or time <= up_to_all))
 
     return is_settled, max(settled)
+
+
+def kept_snapshots(context: TableContext) -> list[tuple[str, str]]:
+    """(time, reader) of the snapshots pending services will read: an indexing builds from its snapshot, and
+    a copy-on-write resize reads the groups it replaces as of its plan (a later write rewrote them whole, with
+    its own rows: `resize.as_of_now`)."""
+    timeline = context.timeline
+    out = []
+    for indexing in timeline.pending([Action.INDEXING]):
+        up_to = (timeline.plan(indexing) or {}).get("up_to")
+        if up_to:
+            out.append((up_to, f"pending indexing {indexing.time}"))
+    if not context.config.merge_on_read:
+        out += [(i.time, f"pending resize {i.time}") for i in timeline.pending([Action.REPLACECOMMIT])
+                if (timeline.plan(i) or {}).get("rings")]
+    return out
 
 
 def wholly_settled(groups: set[str], bases: list[BaseFile], logs: list[LogFile],

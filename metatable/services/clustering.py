@@ -306,7 +306,7 @@ def rewrite_and_commit(context: TableContext, instant: Instant, plan: Clustering
     if plan.rings:  # a resize reads the old file groups once every write that cannot dual-write has committed
         wait_for_earlier_writes(context, instant)
         view = context.view()
-        plan = as_of_now(plan, view, instant.time)
+        plan = as_of_now(context, plan, view, instant.time)
         catch_up = CatchUp(context, plan, instant.time, OUTPUT_TOKEN)
     seen = frozenset(i.time for i in context.timeline.completed())  # writes after this must not reach its groups
     config = context.config_now()  # the widest schema: the rewrite drops no column of any file it reads

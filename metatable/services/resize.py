@@ -6,13 +6,17 @@ here; `clustering` runs it like any plan (one task per group, rows routed by the
   children) or merge (the old file groups, one child). Bounded by `clustering.resize.max_bytes` and
   `clustering.resize.max_partitions`. The plan keeps each pending ring and the seq_no it was planned against.
 - Before reading, the resize waits for the writes that began before its plan (they do not know it, so they
-  cannot dual-write); then it reads the old file groups as they are, so those writes are in. On a merge-on-read
-  table it leaves out the files of writes after its plan: their dual logs bring those rows, named by each
-  write's own instant, so that a snapshot as of the resize holds no row of a later write.
+  cannot dual-write); then it reads the old file groups as they are, so those writes are in, but not what
+  writes after its plan wrote: their dual logs bring those rows, named by each write's own instant, so that a
+  snapshot as of the resize holds no row of a later write (`as_of_now`).
 - Commit (under the lock): if a partition's ring changed since planning, the resize fails (rolled back; plan
   it again). Otherwise the catch-up adopts the dual-write logs of every write that committed meanwhile
   (`dual_writes`), in completion order: merge-on-read copies them as the children's first logs (a child the
-  resize wrote no base for gets an empty one first), copy-on-write merges them into the children's base files.
+  resize wrote no base for gets an empty one first), copy-on-write writes one base of the child per write, in
+  the order of their instants (each the one before with the write's rows applied; writes into one old group
+  complete in that order, or conflict). Each is named by its write's instant: as-of reads and change records
+  see each write where it happened, not at the resize. Files named by a write's instant are marked by path
+  under the resize's, so that its rollback deletes them.
   The new ring (seq_no + 1, instant = the replacecommit) goes into the metadata deltacommit of the same instant
   as the new files.
 """
@@ -34,10 +38,11 @@ from metatable.commit.context import TableContext
 from metatable.commit.dual_writes import dual_rows, merge_into_base, resize_instant
 from metatable.commit.timeline_view import TimelineView
 from metatable.errors import ConflictError
-from metatable.file_group.base_file_writer import new_file
+from metatable.file_group.base_file_writer import new_file, write_base_file
 from metatable.file_group.file_slice import FileSlice
+from metatable.file_group.record_merge import merge_versions
 from metatable.file_group.slice_reader import key_column, read_base, read_slice
-from metatable.file_group.written import WrittenFile
+from metatable.file_group.written import WrittenFile, written_files
 from metatable.formats.clustering_plan import RESIZE, ClusteringPlan, Group, SliceRef
 from metatable.formats.log_file import LogFile
 from metatable.table_config import KEY_COLUMN
@@ -109,12 +114,15 @@ def resize_groups(partition: str, committed: Ring, pending: Ring, refs: dict[str
             for children, olds in sorted(by_children.items()) if any(o in refs for o in olds)]
 
 
-def as_of_now(plan: ClusteringPlan, view: TimelineView, instant: str) -> ClusteringPlan:
+def as_of_now(context: TableContext, plan: ClusteringPlan, view: TimelineView, instant: str) -> ClusteringPlan:
     """The plan over the old file groups as they are now (the writes before it added to them, or created
-    some), so that the resize reads every row those writes committed. On a merge-on-read table, without what
-    writes after the plan added (`before_plan`)."""
+    some), so that the resize reads every row those writes committed, but none of a write after its plan (it
+    dual-wrote them: `CatchUp` adopts them under their own instants). On a merge-on-read table, the slices
+    without the files of those writes (`before_plan`); on a copy-on-write table, whose writes rewrite bases
+    whole, the slices as of the plan (clean keeps them while the resize is pending: `clean.kept_snapshots`)."""
     groups: list[Group] = []
-    by_partition = slices_by_partition(view)
+    source = view if view.config.merge_on_read else context.view(as_of=instant)
+    by_partition = slices_by_partition(source)
     if view.config.merge_on_read:
         by_partition = {p: {fid: before_plan(fs, instant) for fid, fs in slices.items()}
                         for p, slices in by_partition.items()}
@@ -123,7 +131,7 @@ def as_of_now(plan: ClusteringPlan, view: TimelineView, instant: str) -> Cluster
         if committed is None or committed.seq_no != pending.seq_no:
             raise ConflictError(f"resize: the ring of partition {pending.partition!r} changed since it was planned; "
                                 "it is rolled back, schedule it again")
-        refs = {fid: slice_ref(view, fs) for fid, fs in by_partition.get(pending.partition, {}).items()}
+        refs = {fid: slice_ref(source, fs) for fid, fs in by_partition.get(pending.partition, {}).items()}
         groups += resize_groups(pending.partition, committed, pending, refs)
     return ClusteringPlan(plan.strategy, tuple(groups), plan.sort_columns, plan.num_buckets, plan.rings)
 
@@ -133,8 +141,7 @@ def before_plan(fs: FileSlice, instant: str) -> FileSlice:
     dual-wrote their rows, whose logs the resize adopts under their own instants (`CatchUp`), so its base files,
     which carry its instant, hold none of a later write's rows and a snapshot as of it sees none. The chaos
     run's change records found a later write's rows in the snapshot as of the resize, and in no window of
-    changes. Copy-on-write rewrites whole bases: there a later write's base holds the earlier rows too, and the
-    resize reads it (docs/design-notes.md, "Consistent hashing")."""
+    changes."""
     if fs.base is not None and fs.base.instant > instant:
         return replace(fs, base=None, logs=())
     return replace(fs, logs=tuple(lf for lf in fs.logs if lf.instant < instant))
@@ -214,16 +221,19 @@ class CatchUp:
                     data = context.storage.read(context.paths.file(partition, name))
                     context.storage.write_atomic(path, data)
                     out.append(WrittenFile(partition, file_id, target.file_name, "log", len(data), 0))
-            else:  # merged into a new base file of the child, which replaces the one the resize wrote (a name is
-                # never written twice: caches of a file's pages go by its name on an object store)
-                rows = [dual_rows(context.storage, context.paths, config, partition, n) for n in names]
-                current = read_base(context.storage, context.paths.file(partition, base.file_name),
-                                    config.storage_schema) if base is not None else None
-                out = [f for f in out if f is not base]
-                out.append(merge_into_base(context.storage, context.paths, config, self.instant, partition, file_id,
-                                           current, rows))
-                if base is not None:
-                    context.storage.delete(context.paths.file(partition, base.file_name))
+            else:  # one new base of the child per caught-up write, named by the write's instant: a snapshot as
+                # of the resize, or of any moment before a write, holds none of its rows, and the write's change
+                # records see them change (merged into one base of the resize's instant, they had none)
+                rows = read_base(context.storage, context.paths.file(partition, base.file_name),
+                                 config.storage_schema) if base is not None else config.storage_schema.empty_table()
+                by_write: dict[str, list[str]] = {}  # a write into several replaced groups left a log of each
+                for name in names:
+                    by_write.setdefault(LogFile.parse(name).instant, []).append(name)
+                for written_at, logs in sorted(by_write.items()):  # as-of reads go by instant
+                    rows = merge_versions([rows, *(dual_rows(context.storage, context.paths, config, partition, n)
+                                                   for n in logs)], config.ordering_field, config.storage_schema)
+                    out += written_files([write_base_file(context.storage, context.paths, config, written_at,
+                                                          partition, file_id, rows, marked_by=self.instant)])
             self.adopted += [(partition, n) for n in names]
         if self.adopted:
             log.info("resize %s caught up %d dual-write logs of writes committed meanwhile", self.instant,
