@@ -111,13 +111,15 @@ def test_consistent_hashing_equals_the_model(seed, steps, table_type, partitione
     try:
         table = create(f"{root}/t", table_type, partitioned)
         model = TableModel(partitioned)
+        snapshots = []  # (write instant, the model after it)
         for step in [("upsert", batch) for batch in seed] + steps:
             kind = step[0]
             if kind in ("upsert", "delete"):
                 pending = table.context.timeline.pending([Action.REPLACECOMMIT])
                 data = pa.Table.from_pylist(step[1], schema=SCHEMA)
-                getattr(table, kind)(data.select(["id", "p"]) if kind == "delete" else data)
+                written = getattr(table, kind)(data.select(["id", "p"]) if kind == "delete" else data).instant
                 model.apply(kind, step[1])
+                snapshots.append((written, model.expected()))
                 event("write while a resize is pending" if pending else "write")
             elif kind.startswith("schedule"):
                 done = with_options(table, GROW if kind.endswith("split") else SHRINK).schedule_clustering()
@@ -139,8 +141,36 @@ def test_consistent_hashing_equals_the_model(seed, steps, table_type, partitione
         assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
         check_placement(table, partitioned)
         check_metadata(table)
+        check_history(table, snapshots, partitioned)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def check_history(table: mt.Table, snapshots: list[tuple[str, list[dict]]], partitioned: bool) -> None:
+    """As of every write still readable, the model after it; and each write's change records take the
+    snapshot before it to its own (a resize caught up what a write did while it was pending: the write's
+    rows still belong to the write's instant)."""
+    readable_from = table.context.view().readable_from
+    before = None
+
+    def identity(row: dict) -> tuple:
+        return (row["p"], row["id"]) if partitioned else (row["id"],)
+
+    for instant, expected in snapshots:
+        if instant < readable_from:
+            continue
+        assert sort_rows(table.to_arrow(as_of=instant).to_pylist()) == expected, f"as of {instant}"
+        if before is not None:
+            rows = {identity(r): r for r in before[1]}
+            for change in table.changes(before[0], instant).to_pylist():
+                kind = change.pop("_change_type")
+                del change["_commit_instant"], change["_commit_seq"]
+                if kind in ("delete", "update_preimage"):
+                    assert rows.pop(identity(change)) == change, (instant, kind)
+                else:
+                    rows[identity(change)] = change
+            assert sort_rows(list(rows.values())) == expected, f"the changes of {instant}"
+        before = (instant, expected)
 
 
 def batch(ids, p="a", v="v", ts=1) -> pa.Table:
