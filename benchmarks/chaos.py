@@ -90,7 +90,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "cow-consistent-hashing": {"table_type": "copy_on_write",
                                "index": {"type": "bucket", "engine": "consistent_hashing", "num_buckets": 2},
                                "metadata_indexes": ["column_stats"], "indexer": ["record_index", SECONDARY],
-                               "options": {"write.target_file_size": 8 << 10, "bucket.split_point": "middle",
+                               "options": {"write.target_file_size": 2 << 10, "bucket.split_point": "middle",
                                            "bucket.split_threshold": 1.5, "bucket.merge_threshold": 1.3,
                                            "changes.before_images": True}},
     "cow-bloom": {"table_type": "copy_on_write", "index": {"type": "bloom"},
