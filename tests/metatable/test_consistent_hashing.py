@@ -438,6 +438,26 @@ def test_a_write_into_the_groups_a_merge_joins_gives_the_child_one_base(tmp_path
     check_metadata(table)
 
 
+def test_clean_keeps_what_a_pending_copy_on_write_resize_reads(tmp_path):
+    """A copy-on-write resize reads the groups it replaces as of its plan (writes since rewrote them with
+    their own rows): a clean while it is pending keeps that snapshot, however many writes came after."""
+    table, model, instant = pending_resize(str(tmp_path / "t"), "copy_on_write")
+    for ts in range(2, 6):
+        during = rows(range(ts, 600, 5), "a", f"during{ts}", ts)
+        table.upsert(pa.Table.from_pylist(during, schema=SCHEMA))
+        model.apply("upsert", during)
+    cleaner = with_options(table, {"clean.retain_commits": 1})
+    assert cleaner.clean() is None, "nothing the resize reads is settled"
+    assert table.run_clustering() == [instant]
+    check_all(table, model)
+    assert sort_rows(table.to_arrow(as_of=instant).to_pylist()) == sort_rows(rows(range(600), "a", "v0"))
+    later = rows(range(5), "b", "later", 6)
+    table.upsert(pa.Table.from_pylist(later, schema=SCHEMA))
+    model.apply("upsert", later)
+    assert cleaner.clean() is not None, "once it completed, the old slices go"
+    check_all(table, model)
+
+
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
 def test_a_resize_killed_after_its_catch_up_leaves_none_of_its_files(tmp_path, table_type):
     """The files a catch-up writes carry the instants of the writes they came from, not the resize's (logs on
