@@ -8,9 +8,9 @@ one of them SIGKILLed every few seconds and started again. What must hold, and i
   last recovery (`rollback`);
 - every snapshot the reader reads is consistent (no duplicate key, no row a writer never wrote, instants
   never going back), and where no commit landed between the snapshot and them, `get` and `lookup` of
-  sampled keys (present and absent) equal the snapshot; where the secondary index on `v` is ready
-  (`mor-bucket`'s indexer builds and drops it), `get_by` of sampled values as of the snapshot finds exactly
-  its rows with them;
+  sampled keys (present and absent) equal the snapshot; where the secondary index on `v` is ready (the
+  indexers of `mor-bucket` and `cow-consistent-hashing` build and drop it), `get_by` of sampled values as of
+  the snapshot finds exactly its rows with them;
 - the change records between two settled snapshots the reader read (`changes(start, end)`), applied to the
   first, give the second: with before-images kept by the writes (`changes.before_images`, in the
   configurations that set it) and without;
@@ -21,7 +21,7 @@ One JSON line per configuration (commits, kills by role, failures by kind, the c
 fails. `make test` runs a short version of each configuration (tests/test_chaos.py).
 
     python benchmarks/chaos.py [--seconds 600] [--configs mor-bucket,mor-consistent-hashing,cow-bloom,mor-record,
-                                                          mor-consistent-hashing-churn]
+                                                          mor-consistent-hashing-churn,cow-consistent-hashing]
         [--tables s3://bucket/prefix]   # the tables on an object store (AWS_* variables), journals local
         [--seed 7]                       # of the kill schedule
 """
