@@ -79,10 +79,12 @@ def test_a_delete_of_a_key_that_a_write_completing_first_stored_removes_it(tmp_p
     bucket index writes the delete marker of 9 all the same (logs are ordered by completion); elsewhere the
     delete wrote nothing that would order it after the upsert (copy-on-write, or an index that found 9
     nowhere), its commit finds 9 stored by the concurrent write and fails, and its retry deletes 9. A chaos
-    run found such a delete dropped as a delete of an absent key, and the key stored."""
+    run found such a delete dropped as a delete of an absent key, and the key stored. The record index (kept
+    by every commit here) says 9 is nowhere: its entries merge in completion order, as the data does."""
     table = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts", table_type=table_type,
                             index=mt.IndexConfig(type=index, num_buckets=1),
-                            metadata_indexes=["column_stats", *(["bloom_filter"] if index == "bloom" else [])])
+                            metadata_indexes=["column_stats", "record_index",
+                                              *(["bloom_filter"] if index == "bloom" else [])])
     seed = rows(range(5), "a", "seed")
     table.upsert(pa.Table.from_pylist(seed, schema=SCHEMA))
     delete = start(table.path, "delete", rows([9], "a", "gone"), METATABLE_STOP_AT="table.write.files")
@@ -101,6 +103,8 @@ def test_a_delete_of_a_key_that_a_write_completing_first_stored_removes_it(tmp_p
     reopened = mt.Table.open(table.path)
     assert sort_rows(reopened.to_arrow().to_pylist()) == model.expected()
     check_metadata(reopened)
+    keys = pa.table({"id": pa.array([9, 4], SCHEMA.field("id").type), "p": ["a", "a"]})
+    assert [f is not None for f in reopened.lookup(keys, using="metadata")["file_id"].to_pylist()] == [False, True]
 
 
 @pytest.mark.slow
