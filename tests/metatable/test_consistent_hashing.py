@@ -294,14 +294,15 @@ def test_schedule_refuses_what_a_resize_does_not_take(tmp_path):
         table.schedule_clustering(num_buckets=8)
 
 
-def pending_resize(root: str, table_type: str = "merge_on_read") -> tuple[mt.Table, TableModel, str]:
-    """A table with 600 rows and a resize planned on it."""
-    table = create(root, table_type)
-    model = TableModel(True)
-    first = rows(range(600), "a", "v0")
+def pending_resize(root: str, table_type: str = "merge_on_read", partitioned: bool = True, count: int = 600,
+                   resize: dict = GROW) -> tuple[mt.Table, TableModel, str]:
+    """A table with `count` rows and a resize planned on it (a split, or with SHRINK a merge)."""
+    table = create(root, table_type, partitioned)
+    model = TableModel(partitioned)
+    first = rows(range(count), "a", "v0")
     table.upsert(pa.Table.from_pylist(first, schema=SCHEMA))
     model.apply("upsert", first)
-    instant = with_options(table, GROW).schedule_clustering()
+    instant = with_options(table, resize).schedule_clustering()
     assert instant is not None
     return table, model, instant
 
@@ -419,19 +420,13 @@ def test_a_write_into_the_groups_a_merge_joins_gives_the_child_one_base(tmp_path
     """Copy-on-write: a write during a pending merge into both groups it joins leaves a dual log from each; the
     catch-up applies them as one base of the child named by the write's instant (one per log gave the child
     two bases of one instant, and reads took either: the model test lost a row one run in three)."""
-    table = create(str(tmp_path / "t"), "copy_on_write", partitioned=False)
-    model = TableModel(False)
-    first = rows(range(40), "a", "v0")
-    table.upsert(pa.Table.from_pylist(first, schema=SCHEMA))
-    model.apply("upsert", first)
-    instant = with_options(table, SHRINK).schedule_clustering()
-    assert instant is not None
+    table, model, instant = pending_resize(str(tmp_path / "t"), "copy_on_write", False, 40, SHRINK)
     during = rows(range(0, 60, 2), "a", "during", 2)
     written = table.upsert(pa.Table.from_pylist(during, schema=SCHEMA)).instant
     model.apply("upsert", during)
     assert table.run_clustering() == [instant]
     assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
-    assert sort_rows(table.to_arrow(as_of=instant).to_pylist()) == sort_rows(first)
+    assert sort_rows(table.to_arrow(as_of=instant).to_pylist()) == sort_rows(rows(range(40), "a", "v0"))
     (child,) = table.file_slices()
     bases, _ = parse_names(os.listdir(table.path), PARQUET)
     assert sorted(b.instant for b in bases if b.file_id == child[1]) == [instant, written]
