@@ -28,7 +28,7 @@ from indexes.keys import ALL_PARTITIONS_KEY, bloom_filter_key, hashing_meta_key
 from metatable.commit.change import Change
 from metatable.commit.conflicts import Committer, Concurrent, Resolution, check, concurrent_with
 from metatable.commit.context import TableContext
-from metatable.commit.dual_writes import DUAL, dual_rows, merge_into_base, resize_instant
+from metatable.commit.dual_writes import DUAL, dual_rows, merge_into_bases, resize_instant
 from metatable.commit.index_records import change_records
 from metatable.commit.schema_history import record_schema
 from metatable.commit.stored_rows import StoredRows
@@ -238,8 +238,8 @@ def settle_duals(context: TableContext, instant: str, files: list[WrittenFile],
     config = context.config_now()  # under the lock: the widest schema, so no column of a dual log is lost
     for (partition, file_id), logs in sorted(by_group.items()):
         rows = [dual_rows(context.storage, context.paths, config, partition, d.file_name) for d in logs]
-        out.append(merge_into_base(context.storage, context.paths, config, instant, partition, file_id,
-                                   view.file_slices.get((partition, file_id)), rows))
+        out += merge_into_bases(context.storage, context.paths, config, partition, file_id,
+                                view.file_slices.get((partition, file_id)), [(instant, rows)])
         for d in logs:
             context.storage.delete(context.paths.file(partition, d.file_name))
     return out, kept

@@ -41,12 +41,16 @@ def dual_rows(storage: Storage, paths: TablePaths, config: TableConfig, partitio
     return read_data_log(storage, paths.file(partition, file_name), config.log_schema)[1]
 
 
-def merge_into_base(storage: Storage, paths: TablePaths, config: TableConfig, instant: str, partition: str,
-                    file_id: str, current: FileSlice | pa.Table | None, logs: Sequence[pa.Table],
-                    write_token: str | None = None) -> WrittenFile:
-    """A new base file of the file group at `instant`: its current rows (a slice, or rows at hand) with the
-    dual-write rows applied in order (deletes included)."""
+def merge_into_bases(storage: Storage, paths: TablePaths, config: TableConfig, partition: str, file_id: str,
+                     current: FileSlice | pa.Table | None, writes: Sequence[tuple[str, Sequence[pa.Table]]],
+                     write_token: str | None = None, marked_by: str | None = None) -> list[WrittenFile]:
+    """New base files of the file group, one per (instant, dual-write rows) of `writes`, in order: its current
+    rows (a slice, or rows at hand) with each write's rows applied (deletes included) on top of the base
+    before. `marked_by`: the instant whose rollback deletes them, when not their own (a resize's catch-up)."""
     rows = current if isinstance(current, pa.Table) else read_slice(storage, paths, config, current)
-    merged = merge_versions([rows, *logs], config.ordering_field, config.storage_schema)
-    stats = write_base_file(storage, paths, config, instant, partition, file_id, merged, write_token)
-    return written_files([stats])[0]
+    out = []
+    for instant, logs in writes:
+        rows = merge_versions([rows, *logs], config.ordering_field, config.storage_schema)
+        out += written_files([write_base_file(storage, paths, config, instant, partition, file_id, rows, write_token,
+                                              marked_by)])
+    return out

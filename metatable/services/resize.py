@@ -35,14 +35,13 @@ from indexes.consistent_hashing import ResizeLimits, Ring, plan_resize, under_re
 from indexes.keys import hashing_meta_key
 
 from metatable.commit.context import TableContext
-from metatable.commit.dual_writes import dual_rows, merge_into_base, resize_instant
+from metatable.commit.dual_writes import dual_rows, merge_into_bases, resize_instant
 from metatable.commit.timeline_view import TimelineView
 from metatable.errors import ConflictError
-from metatable.file_group.base_file_writer import new_file, write_base_file
+from metatable.file_group.base_file_writer import new_file
 from metatable.file_group.file_slice import FileSlice
-from metatable.file_group.record_merge import merge_versions
 from metatable.file_group.slice_reader import key_column, read_base, read_slice
-from metatable.file_group.written import WrittenFile, written_files
+from metatable.file_group.written import WrittenFile
 from metatable.formats.clustering_plan import RESIZE, ClusteringPlan, Group, SliceRef
 from metatable.formats.log_file import LogFile
 from metatable.table_config import KEY_COLUMN
@@ -207,8 +206,8 @@ class CatchUp:
             if config.merge_on_read and base is None:  # a child the resize read no row for: an empty base of the
                 # resize's instant, so that the adopted rows stay logs of their own writes' instants (merged into
                 # a base, a snapshot as of the resize showed them)
-                base = merge_into_base(context.storage, context.paths, config, self.instant, partition, file_id,
-                                       config.storage_schema.empty_table(), [], self.write_token)
+                (base,) = merge_into_bases(context.storage, context.paths, config, partition, file_id,
+                                           config.storage_schema.empty_table(), [(self.instant, [])], self.write_token)
                 out.append(base)
             if config.merge_on_read:  # the child's first logs, in completion order
                 for version, name in enumerate(names, start=1):
@@ -224,16 +223,15 @@ class CatchUp:
             else:  # one new base of the child per caught-up write, named by the write's instant: a snapshot as
                 # of the resize, or of any moment before a write, holds none of its rows, and the write's change
                 # records see them change (merged into one base of the resize's instant, they had none)
-                rows = read_base(context.storage, context.paths.file(partition, base.file_name),
-                                 config.storage_schema) if base is not None else config.storage_schema.empty_table()
-                by_write: dict[str, list[str]] = {}  # a write into several replaced groups left a log of each
+                by_write: dict[str, list[pa.Table]] = {}  # a write into several replaced groups left a log of each
                 for name in names:
-                    by_write.setdefault(LogFile.parse(name).instant, []).append(name)
-                for written_at, logs in sorted(by_write.items()):  # as-of reads go by instant
-                    rows = merge_versions([rows, *(dual_rows(context.storage, context.paths, config, partition, n)
-                                                   for n in logs)], config.ordering_field, config.storage_schema)
-                    out += written_files([write_base_file(context.storage, context.paths, config, written_at,
-                                                          partition, file_id, rows, marked_by=self.instant)])
+                    by_write.setdefault(LogFile.parse(name).instant, []).append(
+                        dual_rows(context.storage, context.paths, config, partition, name))
+                current = read_base(context.storage, context.paths.file(partition, base.file_name),
+                                    config.storage_schema) if base is not None else config.storage_schema.empty_table()
+                out += merge_into_bases(context.storage, context.paths, config, partition, file_id, current,
+                                        sorted(by_write.items()),  # as-of reads go by instant
+                                        marked_by=self.instant)
             self.adopted += [(partition, n) for n in names]
         if self.adopted:
             log.info("resize %s caught up %d dual-write logs of writes committed meanwhile", self.instant,
