@@ -265,7 +265,8 @@ def secondary_problems(table: mt.Table, instant: str, rows: dict, rng: random.Ra
     compared."""
     if table.indexes().get(SECONDARY) != "ready":
         return [], False
-    values = rng.sample(sorted({r["v"] for r in rows.values()}), min(3, len(rows))) + ["never written"]
+    written = sorted({r["v"] for r in rows.values()})  # rows may share a value: sample the distinct ones
+    values = rng.sample(written, min(3, len(written))) + ["never written"]
     try:
         got = table.get_by(BY_V, values, as_of=instant).to_pylist()
     except SnapshotExpiredError:
