@@ -30,7 +30,7 @@ import fastavro
 
 from avro_schemas import schema
 
-from metatable.errors import CorruptFileError, InvalidInputError
+from metatable.errors import CorruptFileError, InvalidInputError, MissingFileError
 from metatable.faults import crash_point
 from metatable.storage.base import Storage, is_temporary, read_json, write_json
 from metatable.timeline.instant import BOOTSTRAP_TIME, Action, Instant, validate_time
@@ -116,15 +116,34 @@ class Archive:
         return out
 
     def read(self, first: str = BOOTSTRAP_TIME, last: str | None = None) -> Iterator[tuple[Instant, Content]]:
-        """The archived instants with times in [first, last], oldest first, each with its commit metadata."""
+        """The archived instants with times in [first, last], oldest first, each with its commit metadata.
+
+        An archival in another process may merge files this read listed into one of the next level and delete
+        them before the read reaches them: the read lists again and goes on after the last instant it gave
+        (the new file holds the same instants). A listed file that is gone with no file that holds its instants is
+        lost: a MissingFileError."""
         until = self.summary().until
         last = min(last or until, until)
-        for f in self.files(until):
-            if f.last < first or f.first > last:
-                continue
-            for record in self._records(f):
-                if first <= record["time"] <= last:
-                    yield Instant(record["time"], Action(record["action"])), json.loads(record["content"])
+        given: str | None = None  # the newest time yielded so far
+        while True:
+            f: ArchiveFile | None = None
+            try:
+                for f in self.files(until):
+                    if f.last < first or f.first > last or (given is not None and f.last <= given):
+                        continue
+                    for record in self._records(f):
+                        if first <= record["time"] <= last and (given is None or record["time"] > given):
+                            given = record["time"]
+                            yield Instant(record["time"], Action(record["action"])), json.loads(record["content"])
+                return
+            except FileNotFoundError:
+                if f is None:
+                    raise
+                if not any(g != f and g.first <= f.first and f.last <= g.last for g in self.files(until)):
+                    raise MissingFileError(os.path.join(self.dir, f.file_name), "an archive file listed but absent; "
+                                           "it holds the commit metadata of archived instants. Restore it from a "
+                                           "backup under the same name") from None
+                log.debug("archive file %s merged away while it was read: listing again", f.file_name)
 
     def find(self, time: str) -> Instant | None:
         """The archived instant at `time`, if any."""

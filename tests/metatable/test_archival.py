@@ -69,6 +69,28 @@ def test_archive_runs_are_read_back_in_order_and_levels_merge_once_fan_in_files_
     assert archive.find("20250101000000000") is None
 
 
+def test_a_read_of_the_archive_that_a_merge_of_levels_overtook_reads_each_instant_once(tmp_path):
+    """Found by benchmarks/chaos.py: a reader listed the level-0 files, then an archival merged them into one
+    of level 1 and deleted them before the reader reached them."""
+    archive = Archive(LocalStorage(), str(tmp_path / "archive"))
+    times = [f"20260101{n:06d}000" for n in range(FAN_IN)]
+    for n, time in enumerate(times):
+        archive.append([(Instant(time, Action.DELTACOMMIT), {"n": n})], lambda carried, run: carried)
+    reading = archive.read()
+    first = next(reading)  # the listing is done and the first file read
+    archive.merge_levels()
+    assert [f.level for f in archive.all_files()] == [1], "the files the reader listed are gone"
+    assert [(i.time, c) for i, c in [first, *reading]] == [(t, {"n": n}) for n, t in enumerate(times)]
+    later = "20260102000000000"
+    archive.append([(Instant(later, Action.DELTACOMMIT), {"n": FAN_IN})], lambda carried, run: carried)
+    reading = archive.read()
+    next(reading)
+    gone = ArchiveFile(later, later).file_name
+    os.remove(os.path.join(archive.dir, gone))  # listed, then gone with nothing that holds its instants: named
+    with pytest.raises(MissingFileError, match=gone):
+        list(reading)
+
+
 # -- tables -----------------------------------------------------------------------------------------------------
 def test_a_long_lived_table_keeps_its_active_timeline_bounded_and_reads_every_retained_instant(tmp_path):
     t, model = new_table(tmp_path, **{"clean.retain_commits": 12}), TableModel(True)
