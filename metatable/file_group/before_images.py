@@ -21,6 +21,7 @@ import pyarrow as pa
 from indexes.keys import NON_PARTITIONED
 
 from metatable.config import THREADS
+from metatable.faults import crash_point
 from metatable.file_group.base_file import new_write_token
 from metatable.formats.data_log import read_data_log, write_data_log
 from metatable.storage.base import Storage
@@ -49,6 +50,7 @@ def read_images(storage: Storage, paths: TablePaths, instants: Sequence[str], sc
         for info in storage.walk(root):
             if partitions is None or (os.path.dirname(info.path[len(root):]) or NON_PARTITIONED) in partitions:
                 files.append((instant, info.path))
+    crash_point("changes.images")
     with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-images") as pool:
         return list(pool.map(lambda f: (f[0], read_data_log(storage, f[1], schema)[1]), files))
 
