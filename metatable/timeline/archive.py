@@ -120,19 +120,19 @@ class Archive:
 
         An archival in another process may merge files this read listed into one of the next level and delete
         them before the read reaches them: the read lists again and goes on after the last instant it gave
-        (the new file holds the same instants). A listed file that is gone with no file that holds its instants is
-        lost: a MissingFileError."""
+        (the new file holds the same instants). A listed file that is gone with no file that holds its
+        instants is lost: a MissingFileError."""
         until = self.summary().until
         last = min(last or until, until)
-        given: str | None = None  # the newest time yielded so far
+        given = ""  # the newest time yielded so far
         while True:
             f: ArchiveFile | None = None
             try:
                 for f in self.files(until):
-                    if f.last < first or f.first > last or (given is not None and f.last <= given):
+                    if f.last < first or f.first > last or f.last <= given:
                         continue
                     for record in self._records(f):
-                        if first <= record["time"] <= last and (given is None or record["time"] > given):
+                        if first <= record["time"] <= last and record["time"] > given:
                             given = record["time"]
                             yield Instant(record["time"], Action(record["action"])), json.loads(record["content"])
                 return
