@@ -118,13 +118,13 @@ class Table:
     # -- writes -------------------------------------------------------------------------------------
     @writes
     def upsert(self, data: Any, txn: Txn | None = None, schema_mode: str | None = None) -> WriteResult:
-        """Insert new keys, update existing ones (the greatest ordering value wins). `data`: a Spark
-        DataFrame, a pyarrow Table, or a stream as for `bulk_insert`. `txn` (application, version), as every
-        write takes: skipped when the application already committed that version or a later one (a replayed
-        stream batch lands once; `spark_source.StreamSink`). `schema_mode="merge"`, as every write but delete
-        takes: the data's new columns are added to the table (nullable), in the same commit; without it they are
-        an error (widening a column is `add_columns`'). Columns added to the table
-        since it was created may be left out of the data: they are written as nulls."""
+        """Insert new keys, update existing ones (the greatest ordering value wins). `data`: a Spark DataFrame, local
+        data (a pyarrow Table, a pandas or Polars DataFrame: `arrow_input`), or a stream as for `bulk_insert`. `txn`
+        (application, version), as every write takes: skipped when the application already committed that version or a
+        later one (a replayed stream batch lands once; `spark_source.StreamSink`). `schema_mode="merge"`, as every write
+        but delete takes: the data's new columns are added to the table (nullable), in the same commit; without it they
+        are an error (widening a column is `add_columns`'). Columns added to the table since it was created may be left
+        out of the data: they are written as nulls."""
         return self._write(data, "upsert", txn, schema_mode)
 
     @writes
@@ -135,10 +135,10 @@ class Table:
     @writes
     def bulk_insert(self, data: Any, txn: Txn | None = None, schema_mode: str | None = None) -> WriteResult:
         """A load: insert, for data too big to hold. Give a stream (a Parquet path, a `pyarrow.dataset`, a
-        `RecordBatchReader`) and it is read in chunks of `write.chunk_rows` and written one file group at a
-        time, so memory follows the chunk and file-group sizes, not the input's. Keys that exist are skipped
-        as by `insert` (Hudi's bulk_insert would duplicate them); where a partition has no files yet, no key
-        is looked up."""
+        `RecordBatchReader`, anything with `__arrow_c_stream__` such as a DuckDB relation) and it is read in chunks
+        of `write.chunk_rows` and written one file group at a time, so memory follows the chunk and file-group
+        sizes, not the input's. Keys that exist are skipped as by `insert` (Hudi's bulk_insert would duplicate
+        them); where a partition has no files yet, no key is looked up."""
         return self._write(data, "bulk_insert", txn, schema_mode)
 
     @writes
@@ -186,7 +186,7 @@ class Table:
         ordering value: a null one loses). `sequence_by`: the feed's columns that order its rows (not stored;
         metatable's own feed: `["_commit_instant", "_commit_seq"]`): a record takes its last row, and one
         deleted and inserted again in the batch replaces the stored row whatever its ordering value, as it did
-        where the feed comes from. `data`: a pyarrow Table or a Spark DataFrame."""
+        where the feed comes from. `data`: local data as `upsert` takes, or a Spark DataFrame."""
         config = self.config
         identity = [*config.record_key, *([] if config.keys_unique_across_partitions else config.partition_by)]
         return self._write(flagged(data, operation_column, delete_values, sequence_by, identity), "merge", txn)
@@ -194,14 +194,14 @@ class Table:
     @writes
     def merge(self, source: Any, matched_update: Any = None, matched_delete: Any = None,
               not_matched_insert: Any = None, txn: Txn | None = None) -> WriteResult:
-        """A conditional merge of `source` (a pyarrow Table, one row per record key) in one commit. The table's
-        rows of the source's keys are found through the index; then, of the source rows whose key the table
-        holds, those `matched_delete` takes delete it, those `matched_update` takes replace it; of the others,
-        those `not_matched_insert` takes are inserted. Each clause is True, a filter as `to_arrow` takes (or a
-        `pyarrow.compute.Expression`) over the source's columns, which may include some the table lacks (an
+        """A conditional merge of `source` (local data as `upsert` takes, read whole; one row per record key) in one
+        commit. The table's rows of the source's keys are found through the index; then, of the source rows whose
+        key the table holds, those `matched_delete` takes delete it, those `matched_update` takes replace it; of the
+        others, those `not_matched_insert` takes are inserted. Each clause is True, a filter as `to_arrow` takes (or
+        a `pyarrow.compute.Expression`) over the source's columns, which may include some the table lacks (an
         operation column), and the table's row as `target.<column>`: `matched_update=[("target.status", "!=",
-        "closed")]`. An update below the stored row's ordering value is not written (counted `stale`); rows
-        no clause takes are counted `skipped`."""
+        "closed")]`. An update below the stored row's ordering value is not written (counted `stale`); rows no
+        clause takes are counted `skipped`."""
         clauses = MergeClauses(matched_update, matched_delete, not_matched_insert)
         result, client = self._retried(lambda c: c.merge(source, clauses, txn), "merge",
                                        self.config.options["write.conflict_retries"])
@@ -331,11 +331,11 @@ class Table:
         return plan
 
     def lookup(self, keys: Any, explain: bool = False, using: str = "index", as_of: Moment | None = None) -> Any:
-        """Where each key lives: a pyarrow Table (key, partition, file_id; nulls when absent). `keys` has the
-        record key columns, and optionally the partition columns (without them every partition is searched).
-        `using="metadata"` takes the three-level path (column_stats ranges, bloom filters, file check)
-        whatever the write index. `as_of` as for `to_arrow`: where the keys lived then. With `explain`,
-        returns (result, per-level counts)."""
+        """Where each key lives: a pyarrow Table (key, partition, file_id; nulls when absent). `keys` (local data as
+        `upsert` takes, or a Spark DataFrame) has the record key columns, and optionally the partition columns
+        (without them every partition is searched). `using="metadata"` takes the three-level path (column_stats
+        ranges, bloom filters, file check) whatever the write index. `as_of` as for `to_arrow`: where the keys lived
+        then. With `explain`, returns (result, per-level counts)."""
         if using not in ("index", "metadata"):
             raise InvalidInputError(f"lookup using must be 'index' or 'metadata', got {using!r}")
         data = keys_table(keys)

@@ -17,9 +17,9 @@ import pyarrow.compute as pc
 
 from indexes.arrow_keys import pair_groups, partition_paths, record_keys
 
+from metatable.arrow_input import arrow_table
 from metatable.commit.context import TableContext
 from metatable.commit.timeline_view import FileGroup, TimelineView
-from metatable.errors import InvalidInputError
 from metatable.file_group.slice_rows import slice_rows
 from metatable.read.locator import Explain, FileIdsOf, MetadataIndex, RecordIndex, SliceLocator
 from metatable.table_config import TableConfig
@@ -28,11 +28,11 @@ KeysBySlice = dict[FileGroup, pa.Array]  # the record keys to look for in each f
 
 
 def keys_table(data: Any) -> pa.Table:
-    if isinstance(data, pa.Table):
-        return data
+    """A lookup's keys as a pyarrow Table: local data (`arrow_table`) or a Spark DataFrame (a lookup's keys
+    are a small, narrow set)."""
     if type(data).__name__ == "DataFrame" and hasattr(data, "toArrow"):
-        return data.toArrow()  # a lookup's keys are a small, narrow set
-    raise InvalidInputError(f"lookup keys must be a pyarrow Table or a Spark DataFrame, got {type(data).__name__}")
+        return data.toArrow()
+    return arrow_table(data, "lookup keys")
 
 
 def computed_file_ids(context: TableContext, view: TimelineView) -> FileIdsOf | None:

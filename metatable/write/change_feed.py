@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from metatable.arrow_input import arrow_table
 from metatable.errors import InvalidInputError
 from metatable.spark.session import is_dataframe
 from metatable.table_config import DELETED_COLUMN, RESET_COLUMN
@@ -28,11 +29,9 @@ def flagged(data: Any, operation_column: str, delete_values: Sequence[Any], sequ
     `sequence_by`, one row per record (`identity`: the columns that name one), as the module says."""
     if is_dataframe(data):
         names = data.columns
-    elif isinstance(data, (pa.Table, pa.RecordBatch)):
+    else:  # a batch: held whole, as its rows decide together
+        data = arrow_table(data, "a change feed's batch (or a Spark DataFrame)")
         names = data.column_names
-    else:
-        raise InvalidInputError(f"a change feed's batch is a pyarrow Table or a Spark DataFrame, got "
-                                f"{type(data).__name__}")
     if operation_column not in names:
         raise InvalidInputError(f"the change feed has no operation column {operation_column!r} (columns: {names}); "
                                 "name it with operation_column=")
@@ -42,8 +41,7 @@ def flagged(data: Any, operation_column: str, delete_values: Sequence[Any], sequ
         return _flagged_dataframe(data, operation_column, delete_values, list(sequence_by), list(identity))
     ops = data[operation_column]
     deletes = pc.fill_null(pc.is_in(ops, value_set=pa.array(list(delete_values), ops.type)), False)
-    table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-    table = table.drop_columns([operation_column]).append_column(DELETED_COLUMN, deletes)
+    table = data.drop_columns([operation_column]).append_column(DELETED_COLUMN, deletes)
     return _last_of_each_record(table, list(sequence_by), list(identity)) if sequence_by else table
 
 

@@ -24,6 +24,7 @@ from indexes.arrow_keys import partition_paths
 from indexes.bloom_index import BloomPlan, insert_slots
 from indexes.keys import column_stats_key
 
+from metatable.arrow_input import arrow_table
 from metatable.commit.conflicts import Committer
 from metatable.commit.context import TableContext
 from metatable.commit.data_commit import Commit, commit
@@ -156,11 +157,10 @@ class WriteClient:
         source rows update, delete or insert."""
         started = time.monotonic()
         if is_dataframe(source):
-            raise InvalidInputError("merge takes a pyarrow Table; a Spark DataFrame that fits in memory can be "
-                                    "given as df.toArrow(), a larger one written with upsert and delete")
-        source = as_input(source)
-        if not isinstance(source, pa.Table):
-            raise InvalidInputError("merge takes a pyarrow Table (or RecordBatch), not a stream")
+            raise InvalidInputError("merge takes local data (a pyarrow Table, a pandas or Polars DataFrame); a Spark "
+                                    "DataFrame that fits in memory can be given as df.toArrow(), a larger one "
+                                    "written with upsert and delete")
+        source = arrow_table(source, "a merge's source")  # read whole: its rows decide together
         config = self.context.current_config()
         clauses.check(source.schema, config)
         own = [c for c in source.column_names if c in config.schema.names]

@@ -1,7 +1,8 @@
 """A write's input checked against the table before anything is written: columns and types, conformed once.
 
-In-process writes take a pyarrow Table, or a stream read in chunks (`WriteStream`): a
-`pyarrow.RecordBatchReader`, a `pyarrow.dataset.Dataset`, or the path of a Parquet file or directory.
+In-process writes take local data as a pyarrow Table (`arrow_input`: pyarrow, pandas), or a stream read in
+chunks (`WriteStream`): a `pyarrow.RecordBatchReader` or any object exporting an Arrow stream (Polars, DuckDB),
+a `pyarrow.dataset.Dataset`, or the path of a Parquet file or directory.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pyarrow.compute as pc
 
 from indexes.arrow_keys import NULL_PARTITION
 
+from metatable.arrow_input import ACCEPTED, arrow_data
 from metatable.errors import InvalidInputError
 from metatable.table_config import DELETED_COLUMN, RESET_COLUMN, TableConfig
 
@@ -41,13 +43,13 @@ def is_dataset(data: object) -> bool:
 
 
 def as_input(data: Any) -> pa.Table | WriteStream:
-    """A pyarrow Table as it is, or a stream to read in chunks."""
-    if isinstance(data, pa.Table):
-        return data
-    if isinstance(data, pa.RecordBatch):
-        return pa.Table.from_batches([data])
-    if isinstance(data, pa.RecordBatchReader) or is_dataset(data):
-        return WriteStream(data)
+    """Local data as a pyarrow Table (`arrow_data`), or a stream to read in chunks: a RecordBatchReader or
+    anything exporting an Arrow stream, a Dataset, or the path of Parquet files."""
+    arrow = arrow_data(data)
+    if isinstance(arrow, pa.Table):
+        return arrow
+    if arrow is not None or is_dataset(data):
+        return WriteStream(data if arrow is None else arrow)
     if isinstance(data, (str, os.PathLike)):
         if not os.path.exists(data):
             raise InvalidInputError(f"write input {os.fspath(data)} does not exist")
@@ -55,8 +57,8 @@ def as_input(data: Any) -> pa.Table | WriteStream:
             return WriteStream(pyarrow_dataset().dataset(data, format="parquet", partitioning="hive"))
         except (pa.ArrowInvalid, OSError) as e:
             raise InvalidInputError(f"cannot read {os.fspath(data)} as Parquet: {e}") from None
-    raise InvalidInputError("write data must be a Spark DataFrame, a pyarrow Table, RecordBatchReader or "
-                            f"Dataset, or the path of a Parquet file or directory; got {type(data).__name__}")
+    raise InvalidInputError(f"write data must be a Spark DataFrame, {ACCEPTED}, a pyarrow Dataset, or the path "
+                            f"of a Parquet file or directory; got {type(data).__name__}")
 
 
 class WriteStream:

@@ -240,7 +240,7 @@ def test_arrow_input_without_spark_session_state(table):
     assert sort_rows(table.to_arrow().to_pylist())[0]["v"] == "x"  # lower ordering value loses
     r = table.insert(pa.table({"id": [1], "p": ["a"], "v": ["q"], "ts": [9]}))
     assert (r.inserted, r.skipped) == (0, 1)
-    with pytest.raises(InvalidInputError, match="Spark DataFrame, a pyarrow Table, RecordBatchReader or Dataset"):
+    with pytest.raises(InvalidInputError, match="Spark DataFrame, a pyarrow Table.*a pandas or Polars DataFrame.*got list"):
         table.upsert([{"id": 1}])
 
 
