@@ -292,6 +292,12 @@ class Table:
         with self.context.snapshot_kept(plan.snapshot):
             return reads.to_arrow(self.context, plan, read_optimized, columns)
 
+    def to_pandas(self, as_of: Moment | None = None, read_optimized: bool = False, filter: Any = None,
+                  columns: Sequence[str] | None = None) -> Any:
+        """The snapshot as a pandas DataFrame (pandas must be installed): `to_arrow`'s rows, converted by
+        pyarrow (timestamps keep their time zone, nulls in integer columns make them float)."""
+        return self.to_arrow(as_of, read_optimized, filter, columns).to_pandas()
+
     def to_batches(self, columns: Sequence[str] | None = None, filter: Any = None, as_of: Moment | None = None,
                    read_optimized: bool = False) -> pa.RecordBatchReader:
         """The snapshot as a stream of record batches, read one file slice at a time as it is consumed (memory

@@ -41,6 +41,10 @@ class Scan:
     def to_arrow(self) -> pa.Table:
         return pa.Table.from_batches(list(self.to_batches()), self.schema)
 
+    def to_pandas(self) -> Any:
+        """The scan's rows as a pandas DataFrame (pandas must be installed)."""
+        return self.to_arrow().to_pandas()
+
     def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
         return self.to_batches().__arrow_c_stream__(requested_schema)
 

@@ -122,3 +122,15 @@ def test_what_is_not_local_data_is_named(tmp_path):
     with pytest.raises(InvalidInputError, match=r"lacks columns \['ts'\]"):
         t.upsert(pd.DataFrame({"id": [1], "p": ["a"], "v": ["x"]}))
     assert t.timeline() == [], "nothing was written"
+
+
+def test_pandas_round_trip(tmp_path):
+    """What a pandas user writes, `to_pandas` gives back (the table's column order, its rows filtered and
+    projected as `to_arrow`'s), and a scan does too."""
+    t = mt.Table.create(str(tmp_path / "t"), SCHEMA, "id", "p", "ts")
+    frame = pd.DataFrame({"id": [3, 1, 2], "p": ["b", "a", "b"], "v": ["z", None, "y"], "ts": [1, 1, 1]})
+    t.upsert(frame)
+    back = t.to_pandas().sort_values("id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(back, frame.sort_values("id").reset_index(drop=True))
+    assert t.to_pandas(filter=[("p", "==", "b")], columns=["id"])["id"].sort_values().tolist() == [2, 3]
+    assert t.scan(columns=["v"], filter=[("id", "==", 1)]).to_pandas()["v"].tolist() == [None]
