@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import shutil
@@ -345,6 +346,9 @@ def run_role(args: argparse.Namespace) -> None:
     config = CONFIGS[args.config]
     journal = Journal(os.path.join(args.journals, f"{args.role}.jsonl"))
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    # each line timed and named by its process: a role's stderr is read beside the others' and the journals
+    logging.basicConfig(level=args.log_level, format=f"%(asctime)s.%(msecs)03d {args.role} %(process)d "
+                        "%(name)s: %(message)s", datefmt="%H:%M:%S")
     if args.role.startswith("writer-"):
         writer(args.table, journal, int(args.role.split("-")[1]), config)
     elif args.role == "reader":
@@ -366,7 +370,8 @@ def roles(config: dict) -> list[str]:
 
 
 def run_config(name: str, seconds: float, workdir: str, kill_every: tuple[float, float],
-               tables: str | None = None, seed: int = 7, min_acks: int = 0) -> dict[str, Any]:
+               tables: str | None = None, seed: int = 7, min_acks: int = 0, log_level: str = "WARNING"
+               ) -> dict[str, Any]:
     config = CONFIGS[name]
     base = os.path.join(workdir, name)
     shutil.rmtree(base, ignore_errors=True)
@@ -380,7 +385,8 @@ def run_config(name: str, seconds: float, workdir: str, kill_every: tuple[float,
     def start(role: str) -> subprocess.Popen:
         log = open(os.path.join(journals, f"{role}.stderr"), "a")
         return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", role, "--config", name,
-                                 "--table", path, "--journals", journals], stdout=log, stderr=log, env=env)
+                                 "--table", path, "--journals", journals, "--log-level", log_level],
+                                stdout=log, stderr=log, env=env)
 
     procs = {role: start(role) for role in roles(config)}
     kills: Counter[str] = Counter()
@@ -517,6 +523,9 @@ def main() -> int:
                         "writes and the reader compared snapshots and changes")
     parser.add_argument("--workdir", help="where the tables and journals go (default: a temporary directory)")
     parser.add_argument("--tables", help="where the tables go instead: a directory or an s3:// prefix")
+    parser.add_argument("--log-level", default="WARNING",
+                        help="of the roles' logs, in the journals' .stderr files (INFO: what each write and "
+                        "service did, when)")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--table", help=argparse.SUPPRESS)
@@ -529,7 +538,8 @@ def main() -> int:
     low, high = map(float, args.kill_every.split(","))
     ok = True
     for name in args.configs.split(","):
-        result = run_config(name, args.seconds, workdir, (low, high), args.tables, args.seed, args.min_acks)
+        result = run_config(name, args.seconds, workdir, (low, high), args.tables, args.seed, args.min_acks,
+                            args.log_level)
         emit(**result)
         ok &= result["ok"]
     return 0 if ok else 1
