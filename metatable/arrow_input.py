@@ -33,16 +33,16 @@ def arrow_data(data: Any) -> pa.Table | pa.RecordBatchReader | None:
     if not hasattr(data, "__arrow_c_stream__"):
         return None
     try:
-        reader = pa.RecordBatchReader.from_stream(data)
+        return pa.RecordBatchReader.from_stream(data)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
         raise InvalidInputError(f"{type(data).__name__} exports an Arrow stream that pyarrow cannot read as rows: "
                                 f"{e}; give {ACCEPTED}") from None
-    return reader
 
 
 def arrow_table(data: Any, what: str) -> pa.Table:
-    """`data` whole, as a pyarrow Table (a stream read to its end): for inputs that are small by nature, a
-    lookup's keys or a merge's source. `what` names the input in the error for anything else."""
+    """`data` whole, as a pyarrow Table (a stream read to its end): for inputs whose rows decide together, a
+    lookup's keys, a merge's source, a change feed's batch. `what` names the input in the error for anything
+    else."""
     arrow = arrow_data(data)
     if arrow is None:
         raise InvalidInputError(f"{what} must be {ACCEPTED}; got {type(data).__name__}")
