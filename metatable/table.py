@@ -118,13 +118,13 @@ class Table:
     # -- writes -------------------------------------------------------------------------------------
     @writes
     def upsert(self, data: Any, txn: Txn | None = None, schema_mode: str | None = None) -> WriteResult:
-        """Insert new keys, update existing ones (the greatest ordering value wins). `data`: a Spark DataFrame, local
-        data (a pyarrow Table, a pandas or Polars DataFrame: `arrow_input`), or a stream as for `bulk_insert`. `txn`
-        (application, version), as every write takes: skipped when the application already committed that version or a
-        later one (a replayed stream batch lands once; `spark_source.StreamSink`). `schema_mode="merge"`, as every write
-        but delete takes: the data's new columns are added to the table (nullable), in the same commit; without it they
-        are an error (widening a column is `add_columns`'). Columns added to the table since it was created may be left
-        out of the data: they are written as nulls."""
+        """Insert new keys, update existing ones (the greatest ordering value wins). `data`: a Spark DataFrame,
+        local data (a pyarrow Table, a pandas or Polars DataFrame: `arrow_input`), or a stream as for `bulk_insert`.
+        `txn` (application, version), as every write takes: skipped when the application already committed that
+        version or a later one (a replayed stream batch lands once; `spark_source.StreamSink`).
+        `schema_mode="merge"`, as every write but delete takes: the data's new columns are added to the table
+        (nullable), in the same commit; without it they are an error (widening a column is `add_columns`'). Columns
+        added to the table since it was created may be left out of the data: they are written as nulls."""
         return self._write(data, "upsert", txn, schema_mode)
 
     @writes

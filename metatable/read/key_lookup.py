@@ -22,6 +22,7 @@ from metatable.commit.context import TableContext
 from metatable.commit.timeline_view import FileGroup, TimelineView
 from metatable.file_group.slice_rows import slice_rows
 from metatable.read.locator import Explain, FileIdsOf, MetadataIndex, RecordIndex, SliceLocator
+from metatable.spark.session import is_dataframe
 from metatable.table_config import TableConfig
 
 KeysBySlice = dict[FileGroup, pa.Array]  # the record keys to look for in each file group's slice
@@ -30,7 +31,7 @@ KeysBySlice = dict[FileGroup, pa.Array]  # the record keys to look for in each f
 def keys_table(data: Any) -> pa.Table:
     """A lookup's keys as a pyarrow Table: local data (`arrow_table`) or a Spark DataFrame (a lookup's keys
     are a small, narrow set)."""
-    if type(data).__name__ == "DataFrame" and hasattr(data, "toArrow"):
+    if is_dataframe(data):
         return data.toArrow()
     return arrow_table(data, "lookup keys")
 
