@@ -505,8 +505,7 @@ def final_checks(path: str, journals: str, config: dict) -> dict[str, Any]:
         "fsck_problems": [f"{p.kind} {p.path}" for p in fsck.problems][:5], "recovered": len(recovered),
         "reader": dict(reads), "reader_problems": read_problems[:5], "services": dict(services),
         "max_ack_gap_s": longest_gap(acks), "max_commit_gap_s": longest_gap(completions),
-        "unexpected_failures": unexpected,
-        "unexpected": unexpected_messages[:3],
+        "unexpected_failures": unexpected, "unexpected": unexpected_messages[:3],
     }
     result["ok"] = (lost == 0 and torn == 0 and result["duplicate_keys"] == 0 and fsck.healthy
                     and reads["problems"] == 0 and unexpected == 0 and acked > 0
