@@ -24,6 +24,7 @@ from rocksdict import (AccessType, BlockBasedOptions, Cache, IngestExternalFileO
                        SstFileWriter)
 
 from metatable.errors import CorruptFileError, MissingFileError, naming_damage
+from metatable.faults import crash_point
 from metatable.storage.base import TEMP_MARK, Storage
 
 log = logging.getLogger(__name__)
@@ -122,9 +123,36 @@ class SstReader:
         self._db.close()
 
 
+def _used(entry: str) -> bool:
+    """Marks a cache entry used now (the budget evicts the least recently used), False where there is none: never
+    built, or removed since by another process (its `forget` after a clean, or its eviction)."""
+    try:
+        os.utime(entry)
+    except FileNotFoundError:
+        return False
+    return os.path.isdir(entry)
+
+
+def _last_use_and_size(entry: str) -> tuple[float, int] | None:
+    """A cache entry's last use and bytes; None for one that is not a directory, or that another process removed
+    while it was listed here (a soak on the RGW: a reader's eviction met an entry a clean's `forget` was removing,
+    and the reader died of the FileNotFoundError)."""
+    try:
+        if not os.path.isdir(entry):
+            return None
+        files = [f for f in os.scandir(entry) if f.is_file()]
+        crash_point("sst_cache.evict.sizing")
+        return os.stat(entry).st_mtime, sum(f.stat().st_size for f in files)
+    except FileNotFoundError:
+        return None
+
+
 def removed_while_in_use(error: Exception) -> bool:
-    """Whether RocksDB failed because another process's clean removed a read cache it was opening or reading."""
-    return "No such file or directory" in str(error)
+    """Whether RocksDB failed because another process's clean removed a read cache it was opening, reading or
+    building: a file missing as the OS says it (an IO error) or as RocksDB does (its NotFound status, which a
+    build whose directory was removed under it reports)."""
+    message = str(error)
+    return "No such file or directory" in message or message.startswith("NotFound")
 
 
 def cache_removed(path: str) -> MissingFileError:
@@ -169,11 +197,9 @@ class SstCache:
                 return reader
             if reader is not None:
                 self._open.pop(name).close()
-            if not os.path.isdir(entry):
+            if not _used(entry):
                 self._build(path, entry)
                 self._evict(keep=name)
-            else:
-                os.utime(entry)  # recently used, for the budget
             try:
                 db = Rdict(entry, options=_options(), access_type=AccessType.read_only())
             except Exception as e:
@@ -199,6 +225,7 @@ class SstCache:
         try:
             db = Rdict(building, options=_options())
             try:
+                crash_point("sst_cache.building")
                 ingest = IngestExternalFileOptions()
                 ingest.set_move_files(True)
                 db.ingest_external_file([staged], ingest)
@@ -206,6 +233,8 @@ class SstCache:
                 db.close()
         except Exception as e:
             shutil.rmtree(building, ignore_errors=True)
+            if removed_while_in_use(e):  # a clean's `forget` in another process removed the instance being built
+                raise cache_removed(path) from None
             raise CorruptFileError(path, f"not a readable SST file ({e})", metadata=True) from None
         finally:
             if os.path.exists(staged):
@@ -220,15 +249,10 @@ class SstCache:
         """Within the budget again: the least recently opened instances go (never one open here)."""
         if self.budget is None:
             return
-        entries = []
-        for name in os.listdir(self.root):
-            full = os.path.join(self.root, name)
-            if TEMP_MARK in name or not os.path.isdir(full):
-                continue
-            size = sum(f.stat().st_size for f in os.scandir(full) if f.is_file())
-            entries.append((os.stat(full).st_mtime, name, size))
-        total = sum(size for _, _, size in entries)
-        for _, name, size in sorted(entries):
+        names = sorted(n for n in os.listdir(self.root) if TEMP_MARK not in n)
+        entries = [(*used, name) for name in names if (used := _last_use_and_size(os.path.join(self.root, name)))]
+        total = sum(size for _, size, _ in entries)
+        for _, size, name in sorted(entries):
             if total <= self.budget:
                 break
             if name == keep or name in self._open:

@@ -1,4 +1,7 @@
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -79,3 +82,104 @@ def test_a_read_cache_removed_while_another_process_opens_it_is_a_missing_file_n
     os.makedirs(os.path.join(cache.root, cache.entry_name(path)))  # the entry, its files already removed
     with pytest.raises(MissingFileError, match="base.sst: its read cache was removed while in use"):
         cache.reader(path)
+
+
+READER = """
+import sys
+from metatable.errors import MissingFileError
+from metatable.formats.sst_file import SstCache
+from metatable.storage.local import LocalStorage
+try:
+    print(SstCache(LocalStorage(), sys.argv[1], budget=int(sys.argv[2])).reader(sys.argv[3]).get(b"k000001"))
+except MissingFileError as e:
+    print(f"missing: {e}")
+"""
+
+
+def reader_held_at(point, root, budget, path, release):
+    """A process reading `path` through a cache at `root`, held at `point` until `release` exists."""
+    proc = subprocess.Popen([sys.executable, "-c", READER, root, str(budget), path], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "METATABLE_PAUSE_AT": f"{point}:{release}"})
+    deadline = time.monotonic() + 60
+    while not os.path.exists(release + ".reached"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    return proc
+
+
+def test_an_eviction_skips_entries_another_process_removes_meanwhile(tmp_path):
+    """Found by a soak on the RGW: a reader evicting from the shared cache listed an entry that a clean's
+    `forget` in another process was removing, and died of the FileNotFoundError sizing it."""
+    paths = [str(tmp_path / f"f{i}.sst") for i in range(3)]
+    for path in paths:
+        write_sst(S, path, items(10))
+    root = str(tmp_path / "cache")
+    cache = SstCache(LocalStorage(), root)  # no budget: both entries stay
+    entries = [cache.entry_name(path) for path in paths]
+    cache.reader(paths[0]), cache.reader(paths[1])
+    cache.close()
+    # held sizing the first entry by name, f0's: its files listed, not yet measured
+    proc = reader_held_at("sst_cache.evict.sizing", root, 1, paths[2], str(tmp_path / "go"))
+    cache.forget("f0.sst")  # as a clean does in its own process, after deleting the file
+    open(tmp_path / "go", "w").close()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip() == "b'v1'"
+    assert sorted(n for n in os.listdir(root) if not n.startswith(".")) == [entries[2]]  # f1's evicted still
+
+
+def test_a_build_whose_instance_a_clean_removes_is_a_missing_file_not_damage(tmp_path):
+    """A clean's `forget` removes every entry of its file, one another process is building too: that reader
+    got a CorruptFileError ("not a readable SST file") that told the user to rebuild the metadata table."""
+    path = str(tmp_path / "base.sst")
+    write_sst(S, path, items(10))
+    root = str(tmp_path / "cache")
+    proc = reader_held_at("sst_cache.building", root, 1 << 30, path, str(tmp_path / "go"))
+    os.remove(path)
+    SstCache(LocalStorage(), root).forget("base.sst")
+    open(tmp_path / "go", "w").close()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.startswith("missing: ") and "base.sst: its read cache was removed while in use" in out, out
+    assert [n for n in os.listdir(root) if not n.startswith(".")] == []
+
+
+RACER = """
+import random, sys, time
+from metatable.errors import MissingFileError
+from metatable.formats.sst_file import SstCache
+from metatable.storage.local import LocalStorage
+root, seconds, seed, paths = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+rng = random.Random(seed)
+cache = SstCache(LocalStorage(), root, max_open=2, budget=1)
+reads = missing = 0
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    path = rng.choice(paths)
+    try:
+        assert cache.reader(path).get(b"k000001") == b"v1"
+        reads += 1
+    except MissingFileError:
+        missing += 1
+    if rng.random() < 0.3:
+        cache.forget(rng.choice(paths).rsplit("/", 1)[1])
+print(reads, missing)
+"""
+
+
+def test_processes_building_evicting_and_forgetting_in_one_cache_fail_only_as_missing_files(tmp_path):
+    """Two processes share a cache over budget (every read builds an instance and evicts the others) and forget
+    entries as cleans do: each may find an instance removed under it (a MissingFileError, which readers of
+    the metadata table retry), never a crash or a damage report. Before the fix, a run like this one failed
+    with a CorruptFileError in one of its processes 3 times in 3."""
+    paths = [str(tmp_path / f"f{i}.sst") for i in range(8)]
+    for path in paths:
+        write_sst(S, path, items(10))
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / "cache"), "3", str(seed), *paths],
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for seed in (1, 2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        reads, _ = map(int, out.split())
+        assert reads >= 20, out
