@@ -182,4 +182,4 @@ def test_processes_building_evicting_and_forgetting_in_one_cache_fail_only_as_mi
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         reads, _ = map(int, out.split())
-        assert reads >= 20, out
+        assert reads >= 10, out  # ~40 in 3 s beside a soak on 2 cores, ~300 alone
