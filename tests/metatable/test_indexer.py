@@ -214,24 +214,39 @@ def test_record_index_type_tags_through_the_record_index(tmp_path):
 
 
 # -- scenarios -----------------------------------------------------------------------------------------
+def commits_by_writer(table: mt.Table, after: str, written: dict[str, list[str]]) -> dict[int, int]:
+    """How many deltacommits each `write` child (seed 0 writes p0, seed 1 p1) completed after `after`;
+    `written` keeps the file groups of the commits already read (one read of each, however often polled)."""
+    timeline = table.context.timeline
+    counts = {0: 0, 1: 0}
+    for instant in timeline.completed([Action.DELTACOMMIT]):
+        if instant.time > after:
+            if instant.time not in written:
+                written[instant.time] = timeline.read_json(instant)["file_groups"]
+            for seed in counts:
+                counts[seed] += any(g.startswith(f"p=p{seed}/") for g in written[instant.time])
+    return counts
+
+
 @pytest.mark.slow
 def test_a_writers_upsert_for_the_whole_indexing(lake, tmp_path, monkeypatch):
-    """On both storages."""
+    """On both storages. Each writer's own commits are counted: a fresh-clone run whose second writer started
+    late (its imports beside a loaded worker) met a wait on both writers' total with one writer alone."""
     root = lake / "t"
-    make(root)
+    seeded = make(root).timeline()[-1].time
     stop = str(tmp_path / "stop")  # the writers write until the indexing is done, however slow the machine
     writers = [indexer(root, "write", str(seed), stop) for seed in (0, 1)]
-    observer = mt.Table.open(root)  # the writers under way (a sleep of 1.5 s was too short on a loaded machine)
-    wait_for(lambda: len(observer.context.timeline.completed([Action.DELTACOMMIT])) >= 6, timeout=120)  # 2 seeds
-    go = tmp_path / "go"  # this process's indexer is held after its build until the writers committed 8 times
+    observer = mt.Table.open(root)
+    written: dict[str, list[str]] = {}
+    wait_for(lambda: min(commits_by_writer(observer, seeded, written).values()) >= 2, timeout=120)  # both under way
+    go = tmp_path / "go"  # this process's indexer is held after its build until each writer committed 4 times
     monkeypatch.setenv("METATABLE_PAUSE_AT", f"indexer.built:{go}")  # (1 s was too short beside a loaded worker)
     table = mt.Table.open(root, options=OPTIONS)
     indexing = table.schedule_indexing(ALL)
 
     def release() -> None:
         try:
-            wait_for(lambda: sum(i.time > indexing for i in observer.context.timeline.completed([Action.DELTACOMMIT]))
-                     >= 8, timeout=120)
+            wait_for(lambda: min(commits_by_writer(observer, indexing, written).values()) >= 4, timeout=120)
         finally:
             go.touch()
 
@@ -240,7 +255,7 @@ def test_a_writers_upsert_for_the_whole_indexing(lake, tmp_path, monkeypatch):
     table.run_indexing()
     releaser.join()
     open(stop, "w").close()
-    assert all(json.loads(succeeded(w)) > 3 for w in writers)
+    assert all(json.loads(succeeded(w)) >= 6 for w in writers)  # 2 before the schedule, 4 after it
     timeline = table.context.timeline
     caught_up = last_indexing(table)["caught_up_to"]
     during = [i for i in timeline.completed([Action.DELTACOMMIT]) if indexing < i.time <= caught_up]
@@ -337,12 +352,16 @@ def test_f_dropped_while_writers_write(tmp_path):
     table = make(root)
     table.schedule_indexing(ALL)
     table.run_indexing()
-    writers = [writer(root, seed, 5) for seed in (0, 1)]
-    time.sleep(1.5)
-    table.drop_index("record_index")
-    time.sleep(1)
-    table.drop_index("bloom_filter")
-    assert all(json.loads(succeeded(w)) > 3 for w in writers)
+    stop = str(tmp_path / "stop")  # each drop comes after both writers committed twice more
+    writers = [indexer(root, "write", str(seed), stop) for seed in (0, 1)]
+    written: dict[str, list[str]] = {}
+    for drop in ("record_index", "bloom_filter", None):
+        since = table.timeline()[-1].time
+        wait_for(lambda: min(commits_by_writer(table, since, written).values()) >= 2, timeout=120)
+        if drop:
+            table.drop_index(drop)
+    open(stop, "w").close()
+    assert all(json.loads(succeeded(w)) >= 6 for w in writers)
     table = mt.Table.open(root, options=OPTIONS)
     assert table.indexes() == {"column_stats": "ready"}
     assert not os.path.exists(os.path.join(table.metadata.root, "record_index")) or \
