@@ -73,15 +73,17 @@ def test_instant_times_unique_across_processes(tmp_path):
 
 
 def test_heartbeat_expiry(tmp_path):
-    tl = make(tmp_path, heartbeat_interval_s=0.05, heartbeat_misses=2)
+    """Expiry after 10 missed beats of 0.1 s: a 0.1 s window failed once in a fresh-clone run whose machine ran
+    another test session beside it (the beating thread did not run for 100 ms)."""
+    tl = make(tmp_path, heartbeat_interval_s=0.1, heartbeat_misses=10)
     i = tl.request(Action.COMMIT)
     with tl.heartbeat(i):
-        time.sleep(0.3)
+        time.sleep(1.5)  # longer than the window: only beats keep it alive
         assert not tl.is_expired(i)
     assert tl.is_expired(i)  # stopped: the file is gone
     j = tl.request(Action.COMMIT)
     assert not tl.is_expired(j)  # request() beats once
-    time.sleep(0.2)
+    time.sleep(1.3)
     assert tl.is_expired(j)
 
 
