@@ -37,6 +37,13 @@ def sample_table(seed: int) -> pa.Table:
         "d": pa.array([datetime.date(2000, 1, 1) + datetime.timedelta(days=int(x)) for x in rng.integers(0, 900, n)]),
         "ts": pa.array(rng.integers(0, 10**12, n), pa.timestamp("us", tz="UTC")),
         "price": pa.array([decimal.Decimal(int(x)) / 100 for x in rng.integers(0, 10**7, n)], pa.decimal128(15, 2)),
+        # decimals in 4, 16 and 21 bytes: negative, null, few values (dictionary-encoded) or many
+        "signed": pa.array([None if i % 7 == 0 else decimal.Decimal(int(x)).scaleb(-3)
+                            for i, x in enumerate(rng.integers(-50, 50, n))], pa.decimal128(9, 3)),
+        "wide": pa.array([decimal.Decimal(int(x) * 10**20 + int(x)) for x in rng.integers(-10**15, 10**15, n)],
+                         pa.decimal128(38, 0)),
+        "huge": pa.array([decimal.Decimal(int(x)).scaleb(-5) for x in rng.integers(-10**15, 10**15, n)],
+                         pa.decimal256(50, 5)),
     })
 
 
@@ -63,8 +70,8 @@ def test_pages_are_short_and_indexed(files):
 
 @settings(max_examples=40, deadline=None)
 @given(picks=st.lists(st.lists(st.integers(0, ROWS - 1), max_size=30, unique=True), min_size=2, max_size=2),
-       columns=st.lists(st.sampled_from(["i", "small", "f", "flag", "comment", "d", "ts", "price", KEY_COLUMN]),
-                        min_size=1, max_size=9, unique=True))
+       columns=st.lists(st.sampled_from(["i", "small", "f", "flag", "comment", "d", "ts", "price", "signed", "wide",
+                                         "huge", KEY_COLUMN]), min_size=1, max_size=12, unique=True))
 def test_read_rows_equals_take(files, picks, columns):
     wanted = [(file_pages(LOCAL, path), np.array(sorted(rows), dtype=np.int64)) for (path, _), rows in zip(files, picks)]
     got = read_rows(wanted, columns)
@@ -72,6 +79,9 @@ def test_read_rows_equals_take(files, picks, columns):
         expected = table.select(columns).take(rows)
         assert part.num_rows == len(rows)
         assert part.cast(expected.schema).equals(expected), path
+        decimals = {"price", "signed", "wide", "huge"} & set(columns) if len(rows) else set()
+        for name in decimals:  # decimals come as decimals, not as the bytes they are stored in
+            assert part.schema.field(name).type == table.schema.field(name).type
 
 
 @settings(max_examples=30, deadline=None)
@@ -130,4 +140,21 @@ def test_a_read_takes_the_dictionary_page_only_for_dictionary_encoded_pages(file
         assert read.needs_dictionary and chunk.dictionary[::-1] in read.ranges()
         for rows in (plain, np.r_[start, plain]):
             [got] = read_rows([(pages, rows)], ["comment"])
+            assert got["comment"].combine_chunks().equals(table["comment"].combine_chunks().take(rows)), path
+
+
+def test_rows_of_dictionary_encoded_string_pages_come_as_plain_strings(files):
+    """Rows whose pages are all dictionary-encoded are decoded as a dictionary and taken before their values
+    are: they come as the column's own strings, nulls included, alone and beside rows of PLAIN pages."""
+    for path, table in files:
+        pages = file_pages(LOCAL, path)
+        column = pages.names.index("comment")
+        chunk = pages.row_groups[0][column]
+        assert chunk.dictionary_pages > 1, path
+        dictionary_rows = np.arange(0, int(chunk.first_rows[chunk.dictionary_pages - 1]) + 1, 13)  # nulls: i % 13
+        plain = int(chunk.first_rows[chunk.dictionary_pages]) if chunk.dictionary_pages < len(chunk.offsets) else None
+        for rows in (dictionary_rows, dictionary_rows[:1], np.r_[dictionary_rows, plain] if plain else dictionary_rows):
+            [got] = read_rows([(pages, rows)], ["comment", "i"])
+            assert got.schema.field("comment").type == pa.string()
+            assert got["comment"].null_count > 0 or len(rows) == 1
             assert got["comment"].combine_chunks().equals(table["comment"].combine_chunks().take(rows)), path
