@@ -148,11 +148,14 @@ def _last_use_and_size(entry: str) -> tuple[float, int] | None:
 
 
 def removed_while_in_use(error: Exception) -> bool:
-    """Whether RocksDB failed because another process's clean removed a read cache it was opening, reading or
-    building: a file missing as the OS says it (an IO error) or as RocksDB does (its NotFound status, which a
-    build whose directory was removed under it reports)."""
+    """Whether RocksDB failed because another process's clean or eviction removed a read cache it was opening,
+    reading or building: a file missing as the OS says it (an IO error) or as RocksDB does (its NotFound status,
+    which a build whose directory was removed under it reports), or an open's making the removed directory
+    again racing another process's removal or rename (`File exists`, os error 17, in a fresh-clone run of the
+    racing-processes test; `exists but is not a directory` in that test on a loaded machine)."""
     message = str(error)
-    return "No such file or directory" in message or message.startswith("NotFound")
+    return message.startswith("NotFound") or any(
+        said in message for said in ("No such file or directory", "File exists", "exists but is not a directory"))
 
 
 def cache_removed(path: str) -> MissingFileError:
@@ -205,6 +208,9 @@ class SstCache:
             except Exception as e:
                 if not removed_while_in_use(e):
                     raise
+                # The failed open made the directory again, with rocksdict's config in it: left there, it would
+                # pass for the entry (`_used`) and fail every read of the file. Removed, the retry builds it.
+                shutil.rmtree(entry, ignore_errors=True)
                 raise cache_removed(path) from None
             reader = SstReader(db, path)
             self._open[name] = reader
