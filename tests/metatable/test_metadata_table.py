@@ -193,3 +193,31 @@ def test_garbage_sst_is_named(mdt):
     open(os.path.join(part, sst), "wb").write(b"garbage" * 50)
     with pytest.raises(CorruptFileError, match=sst):
         MetadataTable.open(mdt.root).scan("files").__next__()
+
+
+def test_logs_of_a_rolled_back_compaction_stay_visible_after_archival_passes_it(tmp_path):
+    """Found by an RGW soak: commits made while a metadata compaction was pending write their logs in its slice
+    (named after its instant). The compaction was rolled back, then archival moved the metadata timeline past
+    its instant, and an instant at or before the archive's end counts as completed: its slice's logs were taken
+    for logs of a base that no longer exists, and the `files` records they held vanished (a data table lost 34
+    committed rows). They stay with the slice before it, beside the logs written there after the rollback."""
+    mdt = MetadataTable.create(str(tmp_path / "m"), {"files": 1},
+                               options={"metadata.auto_compact": False, "metadata.archive.max_instants": 4,
+                                        "metadata.archive.min_instants": 2})
+    mdt.commit({"files": {"p": files("a")}})
+    mdt.compact(force=True)
+    plan = {"file_groups": {"files-0000": {"partition": "files", "logs": []}}}
+    pending = mdt.timeline.request(Action.COMPACTION, plan=plan, beat=False)  # as a killed compaction leaves it
+    mdt.commit({"files": {"p": files("b")}})  # in the pending compaction's slice
+    mdt.commit({"files": {"p": files("c", dead=["a"])}})
+    mdt.transactions.rollback(pending)
+    assert mdt.timeline.get(pending.time) is None
+    mdt.commit({"files": {"p": files("d", dead=["b"])}})  # after the rollback, in the slice before it
+    for _ in range(4):
+        mdt.commit({"files": {"q": files("x")}})
+    assert mdt.archive() and MetadataTable.open(mdt.root).timeline.archived.until > pending.time
+    for table in (mdt, MetadataTable.open(mdt.root)):
+        table.refresh()
+        assert {n for n, e in table.get("files", "p")["files"].items() if not e["is_deleted"]} == {"c", "d"}
+    mdt.compact(force=True)
+    assert {n for n, e in mdt.get("files", "p")["files"].items() if not e["is_deleted"]} == {"c", "d"}
