@@ -357,3 +357,23 @@ def test_fsck_names_keys_live_in_two_file_groups(tmp_path, monkeypatch):
     [problem] = report.problems
     assert problem.kind == "duplicate" and problem.path == t.context.paths.partition_dir("p=a")
     assert problem.detail.startswith("20 record keys are live in more than one file group"), problem.detail
+
+
+def test_logs_written_while_a_rolled_back_compaction_was_pending_stay_visible_once_archived(tmp_path):
+    """Writers put their logs in a pending compaction's slice (named after its instant). A compaction that fails
+    is rolled back, and once archival passes its instant, that instant reads as completed: the logs were taken
+    for logs of a base that was never written, and their rows vanished (the metadata table lost committed
+    rows so in an RGW soak). The logs belong to the slice before it."""
+    t, model = new_table(tmp_path, **{"compaction.mode": "off", "compaction.trigger.log_count": 0}), TableModel(True)
+    for i in range(3):
+        upsert(t, model, commit_rows(i))
+    pending = t.schedule_compaction()
+    for i in range(3, 6):
+        upsert(t, model, commit_rows(i))  # in the pending compaction's slice
+    t.rollback(pending, force=True)
+    for i in range(6, 30):  # keys of their own: the rows of commits 3-5 stay the latest of theirs
+        upsert(t, model, [{"id": 1000 + i, "p": "a", "v": f"c{i}", "ts": i}])
+    assert t.context.timeline.archived.until > pending, "archival passed the rolled-back compaction"
+    for table in (t, mt.Table.open(t.path)):
+        assert sort_rows(table.to_arrow().to_pylist()) == model.expected()
+    assert t.fsck().healthy
