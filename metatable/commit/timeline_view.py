@@ -200,14 +200,10 @@ class TimelineView:
         for partition, names in files.items():
             bases, logs = parse_names(names, PARQUET)
             logs = [lf for lf in logs if self.visible(lf.instant)]
-            # a base is one the partition lists: a compaction rolled back wrote none, though its instant, once
-            # archived, is visible; the logs writers put in its slice belong to the slice before it
-            listed = {(b.file_id, b.instant) for b in bases}
             for file_id in sorted({b.file_id for b in bases} | {lf.file_id for lf in logs}):
                 if (partition, file_id) in self.replaced:
                     continue
-                fs = latest_slice(partition, file_id, bases, logs,
-                                  lambda time, f=file_id: (f, time) in listed and self.visible(time), by_completion)
+                fs = latest_slice(partition, file_id, bases, logs, self.visible, by_completion)
                 if fs.base or fs.logs:
                     out[(partition, file_id)] = fs
         return out

@@ -47,8 +47,9 @@ def latest_slice(partition: str, file_id: str, bases: Iterable[BaseFile], logs: 
     valid = [b for b in bases if b.file_id == file_id and base_is_valid(b.instant)]
     base = max(valid, key=lambda b: b.instant, default=None)
     base_instant = base.instant if base else BOOTSTRAP_TIME
-    mine = [lf for lf in logs if lf.file_id == file_id and (
-        lf.base_instant == base_instant or (lf.base_instant > base_instant and not base_is_valid(lf.base_instant)))]
+    # logs in a later slice whose base is not here and valid: a pending compaction's, or one rolled back (its
+    # instant, once archived, reads as completed: an RGW soak lost committed rows when such logs were dropped)
+    mine = [lf for lf in logs if lf.file_id == file_id and lf.base_instant >= base_instant]
     mine.sort(key=order)
     return FileSlice(partition, file_id, base_instant, base, tuple(mine))
 

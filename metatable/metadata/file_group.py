@@ -88,15 +88,9 @@ class Snapshot:
 
 
 def resolve_slice(partition: str, file_id: str, names: list[str], compacted: Callable[[str], bool]) -> FileSlice:
-    """The latest slice of a metadata file group from a directory listing (all its logs, valid or not).
-
-    A slice's base is one that is listed: a compaction rolled back left no base, though its instant, once
-    archival passed it, counts as completed (`Snapshot.compacted`). The logs written in its slice while it was
-    pending belong to the slice before it (an RGW soak: taken for logs of the missing base, a `files` record's
-    entries vanished, and with them committed rows)."""
+    """The latest slice of a metadata file group from a directory listing (all its logs, valid or not)."""
     bases, logs = parse_names(names, SST_EXTENSION)
-    listed = {b.instant for b in bases if b.file_id == file_id}
-    return latest_slice(partition, file_id, bases, logs, lambda time: time in listed and compacted(time))
+    return latest_slice(partition, file_id, bases, logs, compacted)
 
 
 class MetadataFileGroup:
