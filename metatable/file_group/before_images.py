@@ -13,17 +13,16 @@ write left) nor when it dual-wrote into a resize.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import pyarrow as pa
 
 from indexes.keys import NON_PARTITIONED
 
-from metatable.config import THREADS
 from metatable.faults import crash_point
 from metatable.file_group.base_file import new_write_token
 from metatable.formats.data_log import read_data_log, write_data_log
+from metatable.parallel import thread_map
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
 from metatable.table_config import TableConfig
@@ -51,8 +50,7 @@ def read_images(storage: Storage, paths: TablePaths, instants: Sequence[str], sc
             if partitions is None or (os.path.dirname(info.path[len(root):]) or NON_PARTITIONED) in partitions:
                 files.append((instant, info.path))
     crash_point("changes.images")
-    with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-images") as pool:
-        return list(pool.map(lambda f: (f[0], read_data_log(storage, f[1], schema)[1]), files))
+    return thread_map(lambda f: (f[0], read_data_log(storage, f[1], schema)[1]), files)
 
 
 def remove_images(storage: Storage, paths: TablePaths, instants: list[str]) -> None:

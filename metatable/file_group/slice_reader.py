@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
 from typing import Collection, Iterator, Sequence
 
 import numpy as np
@@ -12,7 +11,6 @@ import pyarrow.parquet as pq
 
 from indexes.arrow_buffers import string_buffers
 
-from metatable.config import THREADS
 from metatable.errors import CorruptFileError, naming_damage
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.record_merge import SEQ_COLUMN, merge_each, merge_versions, survivors
@@ -20,6 +18,7 @@ from metatable.formats.data_log import read_data_log
 from metatable.formats.key_pages import (ParquetFooter, footer_fields, key_pages, parquet_footer, tail_of,
                                          too_many_to_probe, worth_probing)
 from metatable.formats.row_pages import read_rows, rows_of_keys
+from metatable.parallel import thread_map
 from metatable.schema_evolution import in_schema
 from metatable.storage.base import Storage
 from metatable.storage.cache import SizedCache
@@ -626,12 +625,7 @@ def _live(storage: Storage, paths: TablePaths, config: TableConfig, slices: Sequ
     log_fields = [config.log_schema.field(c) for c in (KEY_COLUMN, DELETED_COLUMN, *columns)]
     schema = pa.schema(log_fields)
     work = [functools.partial(probe, i) for i in alone] + [functools.partial(match, b) for b in batches if b]
-    if len(work) < 2:
-        for step in work:
-            step()
-    else:
-        with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-presence") as pool:
-            list(pool.map(lambda step: step(), work))
+    thread_map(lambda step: step(), work)
     if not columns:
         return live, None
     at = np.full(len(candidates), -1, np.int64)  # each candidate's row among the values found

@@ -2,18 +2,17 @@
 a write's before-images (`changes.before_images`)."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from metatable.config import THREADS
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.record_merge import merge_versions
 from metatable.file_group.slice_reader import base_path, log_tables, read_slice
 from metatable.formats.key_pages import key_pages, worth_probing
 from metatable.formats.row_pages import read_rows, rows_of_keys
+from metatable.parallel import thread_map
 from metatable.schema_evolution import in_schema
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
@@ -49,10 +48,7 @@ def slice_rows(storage: Storage, paths: TablePaths, config: TableConfig, slices:
             return base
         return merge_versions([base, *logs], config.ordering_field, storage_schema)
 
-    if len(slices) < 2:  # a scan's slice at a time: no pool to start
-        return [in_schema(rows_of(i), storage_schema) for i in range(len(slices))]
-    with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-get") as pool:
-        return [in_schema(rows, storage_schema) for rows in pool.map(rows_of, range(len(slices)))]
+    return [in_schema(rows, storage_schema) for rows in thread_map(rows_of, range(len(slices)))]
 
 
 def with_keys(rows: pa.Table, keys: pa.Array) -> pa.Table:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict, defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Mapping, Sequence
 
@@ -24,11 +23,11 @@ from indexes.arrow_keys import record_index_key_array, record_index_key_arrays
 from indexes.keys import bloom_filter_key, column_stats_key
 from indexes.lookup import CandidateFile, Candidates, Filters, LevelReport, bloom_level, distinct, range_level
 
-from metatable.config import THREADS
 from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import ProbedKeys, base_keys_present, base_path, key_column, live_mask, log_keys
 from metatable.formats.key_pages import key_page_count
 from metatable.metadata.table import MetadataTable
+from metatable.parallel import thread_map
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
 from metatable.table_config import KEY_COLUMN, TableConfig
@@ -256,10 +255,7 @@ class SliceLocator:
         work that releases the GIL. SF 1's bloom tagging verifies 7 files, one a partition, that were
         verified one after another: tagging 300k keys 1.36-1.45 -> 1.13 s, the in-process upsert
         1.67-1.82 -> 1.47-1.56 s."""
-        if len(jobs) < 2:
-            return [self.verify(fs, keys, explain) for fs, keys in jobs]
-        with ThreadPoolExecutor(min(THREADS, len(jobs)), thread_name_prefix="metatable-verify") as pool:
-            return list(pool.map(lambda job: self.verify(*job, explain), jobs))
+        return thread_map(lambda job: self.verify(*job, explain), jobs)
 
     @staticmethod
     def _computed_candidates(keys: pa.Array, with_base: list[FileSlice],
