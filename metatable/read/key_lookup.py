@@ -99,12 +99,13 @@ def live_rows(context: TableContext, index: MetadataIndex, keys: pa.Array, parti
     the view's storage schema (of `columns` and those every read needs: `TableConfig.reading`), from the file
     slices that may hold them (`slice_rows`). A bucket index computes those slices (reading is itself the
     check); other indexes locate the keys first. Measured at SF 1, 1,000 keys, a fresh process: 2.96 s reading
-    whole slices, 1.46 s so."""
+    whole slices, 1.46 s so. The rows come in one chunk a column: a filter of 31 one-row chunks of 16 columns
+    (a `get_by`'s rows) took 1.45 ms, 0.15 ms with the chunks combined first."""
     config = view.config if columns is None else view.config.reading(columns)
     slices = [(view.file_slices[group], keys)
               for group, keys in candidate_slices(context, index, keys, partitions, view).items()]
     parts = slice_rows(context.storage, context.paths, config, slices)
-    return pa.concat_tables(parts) if parts else config.storage_schema.empty_table()
+    return pa.concat_tables(parts).combine_chunks() if parts else config.storage_schema.empty_table()
 
 
 def candidate_slices(context: TableContext, index: MetadataIndex, keys: pa.Array, partitions: pa.Array | None,

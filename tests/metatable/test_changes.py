@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import metatable as mt
 from metatable.errors import InvalidInputError, SnapshotExpiredError
-from metatable.file_group.before_images import instants_with_images
+from metatable.file_group.before_images import IMAGES_KEY, instants_with_images
 from metatable.read import changes as changes_module
 from metatable.timeline.instant import datetime_from_time, moment_time
 
@@ -208,14 +208,30 @@ def test_changes_and_time_travel_equal_the_model(tmp_path, table_type, index, op
     times = sorted({moment_time(m) for m in moments}) or ["20000101000000000"]
     with pytest.MonkeyPatch.context() as patch:
         if images == "on" and table.config.keeps_before_images:
-            patch.setattr(changes_module, "live_rows", not_read_from_the_table)
+            read_from_images_only(patch)
         check_windows(table, model, times, windows, readable_from, partitioned)
     kept = instants_with_images(table.context.storage, table.context.paths)
     assert all(t > readable_from for t in kept), "clean removes the images no readable window needs"
 
 
-def not_read_from_the_table(*args, **kwargs):
-    raise AssertionError("changes() read rows as of start from the table, though every write kept before-images")
+def read_from_images_only(patch: pytest.MonkeyPatch) -> None:
+    """Makes `changes()` fail where it reads rows as of start from the table though every write of its window
+    kept before-images that hold (a write beside a resize's dual writes records that its images do not:
+    `IMAGES_KEY`)."""
+    windows, window, live_rows = [], changes_module.window, changes_module.live_rows
+
+    def recorded(*args, **kwargs):
+        windows.append(window(*args, **kwargs))
+        return windows[-1]
+
+    def not_read_from_the_table(*args, **kwargs):
+        if all(meta.get(IMAGES_KEY) for _, meta in windows[-1].writes):
+            raise AssertionError("changes() read rows as of start from the table, though every write kept "
+                                 "before-images")
+        return live_rows(*args, **kwargs)
+
+    patch.setattr(changes_module, "window", recorded)
+    patch.setattr(changes_module, "live_rows", not_read_from_the_table)
 
 
 def check_windows(table: mt.Table, model: History, times: list[str], windows: list[tuple[int, int]],
