@@ -27,9 +27,8 @@ _inside = threading.local()  # `worker` set in the shared pool's threads
 
 
 def thread_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-    """`[fn(item) for item in items]`, THREADS at a time. Every task
-    has ended when it returns or raises (the first error in the items' order is raised): a task left
-    running could use what the caller closes next."""
+    """`[fn(item) for item in items]`, THREADS at a time. Every task has ended when it returns or raises (the
+    first error in the items' order is raised): a task left running could use what the caller closes next."""
     items = list(items)
     if len(items) < 2 or THREADS < 2:
         return [fn(item) for item in items]
