@@ -37,7 +37,9 @@ def slice_rows(storage: Storage, paths: TablePaths, config: TableConfig, slices:
     def rows_of(i: int) -> pa.Table:
         fs, keys = slices[i]
         if i in bases:
-            base = pa.table([bases[i][f.name].cast(f.type) for f in storage_schema], schema=storage_schema)
+            # in the file's types: `pa.table` casts the few a column widened since (a cast of every column and
+            # file, ~600 a `get_by`, cost more than the rest of the table's making)
+            base = pa.table([bases[i][f.name] for f in storage_schema], schema=storage_schema)
         else:  # the keys' rows picked before the merge, which then sorts only those
             base = with_keys(read_slice(storage, paths, config, fs, read_optimized=True), keys)
         if read_optimized:

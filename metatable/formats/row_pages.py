@@ -290,7 +290,7 @@ def _decode(element: bytes, groups: list[tuple], dictionary_column: str | None =
     with pq.ParquetFile(pa.BufferReader(mini_parquet(decimal[0] if decimal else element, groups)),
                         page_checksum_verification=True,
                         read_dictionary=[dictionary_column] if as_dictionary else None) as file:
-        return file.read().column(0).combine_chunks()
+        return file.read(use_threads=False).column(0).combine_chunks()
 
 
 @functools.lru_cache(maxsize=1024)

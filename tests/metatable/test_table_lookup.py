@@ -217,3 +217,23 @@ def test_paged_get_equals_the_snapshot(paged_table, table_type, ids, with_partit
     snapshot = {(r["p"], r["id"]): r for r in table.to_arrow().to_pylist()}
     expected = [snapshot[(f"q{i % 2}", i)] for i in sorted(set(ids)) if (f"q{i % 2}", i) in snapshot]
     assert sort_rows(got.to_pylist()) == sort_rows(expected)
+
+
+def test_a_paged_get_reads_columns_widened_and_added_after_the_files(tmp_path, monkeypatch):
+    """Pages of a column widened since the file was written are read in the file's type, and cast."""
+    schema = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.int32()), ("ts", pa.int64())])
+    table = mt.Table.create(str(tmp_path / "t"), schema, "id", "p", "ts", index=mt.IndexConfig(num_buckets=2),
+                            options={"write.parquet.page_size": 1024})
+    ids = list(range(12_000))
+    table.upsert(pa.table({"id": ids, "p": [f"q{i % 2}" for i in ids], "v": pa.array(ids, pa.int32()),
+                           "ts": [1] * len(ids)}, schema=schema))
+    table.add_columns([pa.field("v", pa.int64()), pa.field("note", pa.string())])
+    import metatable.file_group.slice_rows as slice_rows
+
+    def whole_slice(*args, **kwargs):
+        raise AssertionError("a base file was read whole")
+
+    monkeypatch.setattr(slice_rows, "read_slice", whole_slice)
+    got = mt.Table.open(table.path).get(pa.table({"id": [5, 6001, 11_998], "p": ["q1", "q1", "q0"]})).sort_by("id")
+    assert got.schema.field("v").type == pa.int64()
+    assert got["v"].to_pylist() == [5, 6001, 11_998] and got["note"].to_pylist() == [None] * 3
