@@ -18,7 +18,7 @@ from metatable.formats.data_log import read_data_log
 from metatable.formats.key_pages import (ParquetFooter, footer_fields, key_pages, parquet_footer, tail_of,
                                          too_many_to_probe, worth_probing)
 from metatable.formats.row_pages import read_rows, rows_of_keys
-from metatable.parallel import thread_map
+from metatable.parallel import arrow_threads, thread_map
 from metatable.schema_evolution import in_schema
 from metatable.storage.base import Storage
 from metatable.storage.cache import SizedCache
@@ -43,7 +43,7 @@ def read_base(storage: Storage, path: str, schema: pa.Schema | None = None, colu
     (`pre_buffer` coalesces them)."""
     with naming_damage(path):
         file, read, wanted = _opened(storage, path, schema, columns, known)
-        rows = file.read(columns=read)
+        rows = file.read(columns=read, use_threads=arrow_threads())
         return rows if wanted is None else in_schema(rows, wanted)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
@@ -24,6 +24,7 @@ from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.slice_reader import base_metadata, log_tables, read_slices, task_size
 from metatable.file_group.slice_rows import slice_rows
 from metatable.formats.data_log import log_row_count
+from metatable.parallel import worker_pool
 from metatable.read.changes import written_since
 from metatable.read.key_lookup import KeysBySlice, candidate_slices, live_rows
 from metatable.read.locator import MetadataIndex
@@ -200,7 +201,7 @@ def slice_tables(context: TableContext, plan: ScanPlan, columns: Sequence[str] |
     if threads < 2 or len(tasks) < 2:
         yield from map(read, tasks)
         return
-    with ThreadPoolExecutor(threads, thread_name_prefix="metatable-read") as pool:
+    with worker_pool(threads, "metatable-read") as pool:
         ahead: collections.deque[Future[pa.Table]] = collections.deque()
         for task in tasks:
             ahead.append(pool.submit(read, task))

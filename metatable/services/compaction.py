@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Collection, Sequence
 
 from metatable.commit.conflicts import Committer
@@ -25,6 +24,7 @@ from metatable.file_group.file_slice import by_completion, latest_slice, parse_n
 from metatable.file_group.markers import mark_all
 from metatable.file_group.slice_reader import read_each, task_size
 from metatable.file_group.written import written_files
+from metatable.parallel import worker_pool
 from metatable.progress import progress
 from metatable.table_config import TableConfig
 from metatable.timeline.instant import Action, Instant
@@ -93,7 +93,7 @@ def service(context: TableContext, only: Collection[str] | None = None) -> Servi
         items = list(groups.items())
         mark_all(context.storage, context.paths, instant.time, {parse_group_name(name)[0] for name, _ in items})
         size = task_size(len(items), THREADS)
-        with ThreadPoolExecutor(THREADS, thread_name_prefix="metatable-compact") as pool:
+        with worker_pool(THREADS, "metatable-compact") as pool:
             done = pool.map(lambda at: compact_file_groups(context, config, instant.time, items[at:at + size]),
                             range(0, len(items), size))
             rows = list(progress(itertools.chain.from_iterable(done), f"compaction {instant.time}", total=len(items)))

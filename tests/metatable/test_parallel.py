@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import given, strategies as st
 
-from metatable.parallel import thread_map
+from metatable.parallel import arrow_threads, thread_map, worker_pool
 
 
 @given(st.lists(st.integers()))
@@ -59,3 +60,13 @@ def test_a_forked_child_maps_on_a_pool_of_its_own() -> None:
         time.sleep(0.05)
     os.kill(pid, 9)
     pytest.fail("the forked child's map did not finish")
+
+
+def test_only_threads_outside_our_pools_decode_on_arrows_threads() -> None:
+    assert arrow_threads()
+    assert thread_map(lambda _: arrow_threads(), range(4)) == [False] * 4
+    assert thread_map(lambda _: thread_map(lambda _: arrow_threads(), range(2)), range(2)) == [[False] * 2] * 2
+    with worker_pool(2, "metatable-test") as pool:
+        assert list(pool.map(lambda _: arrow_threads(), range(3))) == [False] * 3
+    with ThreadPoolExecutor(2) as pool:  # a user's own threads are not ours
+        assert list(pool.map(lambda _: arrow_threads(), range(3))) == [True] * 3
