@@ -6,7 +6,9 @@ bucket hashing takes (`keys.hash32`) and the x64 128-bit one of bloom filters, e
 Keys are hashed `CHUNK` at a time, all together: each block index updates the keys long enough to have
 it, then the tail (its bytes past the key masked to zero, as murmur3 reads a tail) and the finalization
 run on all. Keys longer than `LONG_KEY` bytes are hashed one by one with mmh3: the padding `_Words` needs
-is as long as the longest key, and each block is a pass over all the keys.
+is as long as the longest key, and each block is a pass over all the keys. A few keys (at most `FEW`) are
+hashed one by one with mmh3 too: the vectorized path costs about 85 us however few keys it hashes (a point
+read hashes one or two), mmh3 0.1-0.2 us a key (timed for 1 to 256 lineitem record keys).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from .arrow_buffers import string_buffers
 
 CHUNK = 1 << 16  # keys hashed at once
 LONG_KEY = 256  # bytes; longer keys take the scalar path
+FEW = 256  # keys; as few take the scalar path (x86_32's crossover is near 1,000 keys, x64_128's near 500)
 
 
 def strings(keys: Iterable[str] | pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -46,6 +49,10 @@ def _hashed(keys: pa.Array, vectorized: Callable[[pa.Array], np.ndarray], scalar
             dtype: type, shape: tuple[int, ...]) -> np.ndarray:
     """Every key's hash, `CHUNK` keys at a time: the short ones together, the long ones one by one."""
     out = np.empty((len(keys), *shape), dtype=dtype)
+    if len(keys) <= FEW:
+        for i, key in enumerate(keys.to_pylist()):
+            out[i] = scalar(key or "")  # a null's bytes are none, as the vectorized path reads them
+        return out
     for start in range(0, len(keys), CHUNK):
         part = keys.slice(start, CHUNK)
         offsets, _ = string_buffers(part)

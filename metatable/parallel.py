@@ -10,6 +10,12 @@ from one of the pool's threads gets a pool of its own, as every call did before.
 groups, a compaction, a streamed scan) keep pools of their own (`worker_pool`); they pay the start once for
 seconds of work.
 
+Small work runs in the calling thread (`parallel=False`): most of a row read's work holds the GIL (building
+the small Parquet files of its pages), and each call that releases it (a page's read, a decode) then waits
+to take it back. A `get_by` of one (l_suppkey, l_shipdate) pair at SF 1 (~1 row) took 4.1-4.2 ms warm on
+the pool and 3.3-3.4 ms in its own thread; one of ~30 rows (`l_partkey`) 23.3-23.9 ms on the pool, 24.4-25.2
+ms in one thread. So reads of fewer than `SMALL` rows decode in the caller's thread.
+
 The threads of every pool here say so (`arrow_threads`): a Parquet file decoded in one of them is decoded
 without Arrow's own threads, since ours keep the cores busy already.
 """
@@ -25,16 +31,18 @@ from metatable.config import THREADS
 T = TypeVar("T")
 R = TypeVar("R")
 
+SMALL = 8  # rows: a read of fewer decodes its pages in the calling thread
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _inside = threading.local()  # `ours` set in every pool's threads here, `shared` in the shared pool's
 
 
-def thread_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+def thread_map(fn: Callable[[T], R], items: Iterable[T], parallel: bool = True) -> list[R]:
     """`[fn(item) for item in items]`, THREADS at a time. Every task has ended when it returns or raises (the
-    first error in the items' order is raised): a task left running could use what the caller closes next."""
+    first error in the items' order is raised): a task left running could use what the caller closes next.
+    `parallel` False: in this thread, one after another, for work too small to gain from threads (`SMALL`)."""
     items = list(items)
-    if len(items) < 2 or THREADS < 2:
+    if len(items) < 2 or THREADS < 2 or not parallel:
         return [fn(item) for item in items]
     if getattr(_inside, "shared", False):
         with worker_pool(THREADS, "metatable-nested") as pool:

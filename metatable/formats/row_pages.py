@@ -26,7 +26,7 @@ from metatable.errors import CorruptFileError
 from metatable.formats.key_pages import OpenFile, cached_per_file, footer_fields, key_pages, open_read, parquet_footer
 from metatable.formats.thrift_compact import (
     BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, page_locations, read_struct, struct_spans)
-from metatable.parallel import thread_map
+from metatable.parallel import SMALL, thread_map
 from metatable.storage.base import Storage
 from metatable.table_config import KEY_COLUMN
 
@@ -126,7 +126,9 @@ def read_rows(wanted: Sequence[tuple[FilePages, np.ndarray]], columns: Sequence[
     with contextlib.ExitStack() as stack:
         files = {pages.path: stack.enter_context(open_read(pages.storage, pages.path)) for pages, _ in wanted}
         # decoding frees the GIL
-        for name, arrays in zip(columns, thread_map(lambda name: _read_column(wanted, name, files, fetched), columns)):
+        parallel = sum(len(rows) for _, rows in wanted) >= SMALL
+        for name, arrays in zip(columns, thread_map(lambda name: _read_column(wanted, name, files, fetched), columns,
+                                                    parallel)):
             for i, array in enumerate(arrays):
                 out[i][name] = array
     return [pa.table(arrays) if columns else pa.table({}) for arrays in out]

@@ -1,5 +1,5 @@
 """The shared pool of short parallel steps: results in order, errors only once every task ended, maps from
-inside the pool and from a forked child that finish."""
+inside the pool and from a forked child that finish, small work in the calling thread."""
 from __future__ import annotations
 
 import os
@@ -13,9 +13,15 @@ from hypothesis import given, strategies as st
 from metatable.parallel import arrow_threads, thread_map, worker_pool
 
 
-@given(st.lists(st.integers()))
-def test_results_come_in_the_items_order(items: list[int]) -> None:
-    assert thread_map(lambda x: x * 3 - 1, items) == [x * 3 - 1 for x in items]
+@given(st.lists(st.integers()), st.booleans())
+def test_results_come_in_the_items_order(items: list[int], parallel: bool) -> None:
+    assert thread_map(lambda x: x * 3 - 1, items, parallel) == [x * 3 - 1 for x in items]
+
+
+def test_small_work_runs_in_the_calling_thread() -> None:
+    caller = threading.get_ident()
+    assert set(thread_map(lambda _: threading.get_ident(), range(4), parallel=False)) == {caller}
+    assert caller not in thread_map(lambda _: time.sleep(0.02) or threading.get_ident(), range(4))
 
 
 def test_the_first_error_is_raised_after_every_task_ended() -> None:
