@@ -273,12 +273,13 @@ FOOTER_READ_BYTES = 1 << 20  # what a footer's read takes of a file's end on an 
 @dataclass(frozen=True)
 class OpenFile:
     """A Parquet file open for reads at the offsets its footer and page index name, through its storage (a
-    local file read with `pread`, an object with ranged GETs). Its size is read once: a `get` reads ~18,000
-    pages, and an `fstat` per read cost 5% of it; on an object store the size comes with the footer's bytes."""
+    local file read from its memory map, `LocalStorage.open_mapped`; an object with ranged GETs). Its size is
+    read once: a `get` reads ~18,000 pages, and an `fstat` per read cost 5% of it; on an object store the
+    size comes with the footer's bytes."""
 
     storage: Storage
     path: str
-    file: pa.NativeFile
+    file: Any  # a pyarrow file, or a local file's map: `read_at`, `size`, `close`
     size: int
     tail: bytes = b""  # the file's last bytes, read with its footer on an object store (`tail_of`)
 
@@ -325,7 +326,7 @@ def open_parquet(storage: Storage, path: str, size: int | None = None, tail: byt
     """`path`, open for ranged reads; `size` when known saves a request on an object store, and its last bytes
     read already (`tail`) the requests within them (`open_read` opens a file whose footer was read)."""
     with naming_damage(path):
-        file = storage.open_input(path, size, tail)
+        file = storage.open_mapped(path) if storage.local else storage.open_input(path, size, tail)
         size = file.size()
     try:
         with naming_damage(path):

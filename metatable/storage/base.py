@@ -47,6 +47,9 @@ class Storage(Protocol):
     def open_input(self, path: str, size: int | None = None, tail: bytes = b"") -> pa.NativeFile:
         """A random-access file for pyarrow's readers (`size`, when known, saves a request; so do the file's last
         bytes, `tail`, read already: reads within them on an object store)."""
+    def open_mapped(self, path: str) -> Any:
+        """On a local store only (`local`): the file memory-mapped (`local.MappedFile`: `read_at`, `size`,
+        `close`), for many small ranged reads."""
     def arrow_filesystem(self) -> pafs.FileSystem:
         """The storage as a pyarrow file system, for pyarrow's datasets (read-only on an object store)."""
     def copy_to_local(self, path: str, local: str) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import mmap
 import os
 import shutil
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -28,6 +31,36 @@ def _libc_syncfs() -> Callable[[int], int] | None:
 
 _SYNCFS = _libc_syncfs()
 DELETED_TOGETHER = 32  # files `delete_many` hands a thread at a time
+MAPPED_FILES, MAPPED_BYTES = 128, 1 << 30  # memory maps kept (`open_mapped`), and their bytes at most
+_maps: OrderedDict[tuple[str, str], MappedFile] = OrderedDict()
+_maps_lock = threading.Lock()
+
+
+def _unlocked_in_child() -> None:
+    global _maps_lock
+    _maps_lock = threading.Lock()  # a thread of the parent may have held it: that thread is not in the child
+
+
+os.register_at_fork(after_in_child=_unlocked_in_child)
+
+
+class MappedFile:
+    """A local file's bytes, memory-mapped, with the calls of a pyarrow file that ranged reads make
+    (`read_at`, `size`, `close`). A `get_by` reads a page or two of every column of each file it touches (~500
+    ranges for ~30 rows): a `pread` each, which releases the GIL and waits to take it back, was 12% of it in
+    one thread; slices of a map kept across reads took 23.1-23.7 -> 21.1-21.4 ms a query (l_partkey, SF 1)."""
+
+    def __init__(self, mapped: mmap.mmap | bytes) -> None:
+        self.mapped = mapped
+
+    def read_at(self, length: int, offset: int) -> bytes:
+        return self.mapped[offset:offset + length]
+
+    def size(self) -> int:
+        return len(self.mapped)
+
+    def close(self) -> None:
+        """The map is kept for the next read of the file (unmapped once evicted and no read holds it)."""
 
 
 class LocalStorage:
@@ -65,6 +98,27 @@ class LocalStorage:
 
     def open_input(self, path: str, size: int | None = None, tail: bytes = b"") -> pa.NativeFile:
         return pa.OSFile(path)
+
+    def open_mapped(self, path: str) -> MappedFile:
+        """The file memory-mapped, for many small ranged reads: one map per content of the file (`version`: a
+        file rewritten under its name is mapped again), the last MAPPED_FILES used kept, MAPPED_BYTES at most.
+        A file deleted while mapped (a clean) keeps its disk space until its map is evicted: those bounds bound
+        that too. Files are never truncated in place: a map past a file's end would fault."""
+        with open(path, "rb") as f:
+            key = (path, _info(path, os.fstat(f.fileno())).version)
+            with _maps_lock:
+                found = _maps.get(key)
+                if found is not None:
+                    _maps.move_to_end(key)
+                    return found
+            size = os.fstat(f.fileno()).st_size
+            found = MappedFile(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b"")
+        with _maps_lock:
+            found = _maps.setdefault(key, found)
+            while len(_maps) > 1 and (len(_maps) > MAPPED_FILES or
+                                      sum(m.size() for m in _maps.values()) > MAPPED_BYTES):
+                _maps.popitem(last=False)
+        return found
 
     def arrow_filesystem(self) -> pafs.FileSystem:
         return pafs.LocalFileSystem()
