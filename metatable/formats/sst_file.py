@@ -18,13 +18,14 @@ import threading
 import uuid
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 from rocksdict import (AccessType, BlockBasedOptions, Cache, IngestExternalFileOptions, Options, Rdict,
                        SstFileWriter)
 
-from metatable.errors import CorruptFileError, MissingFileError, naming_damage
+from metatable.errors import CorruptFileError, MetatableError, MissingFileError, naming_damage
 from metatable.faults import crash_point
+from metatable.parallel import thread_map
 from metatable.storage.base import TEMP_MARK, Storage
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,24 @@ class SstCache:
                 _, evicted = self._open.popitem(last=False)
                 evicted.close()
             return reader
+
+    def prepare(self, paths: Sequence[str]) -> None:
+        """Build the read instances of SST files just written, on a file system (where the cache is the table's,
+        shared by every process): their first reader then builds none. A build reads the file whole, twice
+        (RocksDB's ingestion), and the first `get_by`s of a new process after an SF 1 secondary index was built
+        paid that for its four 4 MB files: 455 KB read a query, 132 KB with the instances built. Called after
+        the commit that made the files visible: a failure leaves the build to the first reader."""
+        if not self.storage.local:
+            return
+
+        def build(path: str) -> None:
+            try:
+                entry = os.path.join(self.root, self.entry_name(path))
+                if not _used(entry):
+                    self._build(path, entry)
+            except (MetatableError, OSError) as e:
+                log.warning("could not build the read instance of %s now (its first read will): %s", path, e)
+        thread_map(build, paths)
 
     def _build(self, path: str, entry: str) -> None:
         os.makedirs(self.root, exist_ok=True)

@@ -183,6 +183,7 @@ def compaction_service(layout: MetadataLayout, transactions: Transactions, autho
         with transactions.lock.held():  # the bases are visible from the commit on: listed again
             layout.forget_listings({e["partition"] for e in due.values()})
             transactions.commit(instant, content={"bases": written, "records": records})
+        layout.sst_cache.prepare([os.path.join(layout.dir(due[f]["partition"]), name) for f, name in written.items()])
         done.update(file_groups=tuple(plan["file_groups"]), records=records)
         return records
 

@@ -41,7 +41,7 @@ from metatable.file_group.slice_reader import base_metadata
 from metatable.file_group.written import WrittenFile
 from metatable.formats.log_file import LogFile
 from metatable.metadata.layout import file_group_id
-from metatable.services.index_build import build, cleaned_files_abort
+from metatable.services.index_build import base_path, build, cleaned_files_abort
 from metatable.table_config import (BUILDING, METADATA_INDEXES, READY, check_secondary_indexes,
                                    secondary_partitions)
 from metatable.timeline.instant import DATA_ACTIONS, Action, Instant, State
@@ -196,6 +196,8 @@ def execute(context: TableContext, instant: Instant, plan: dict[str, Any], spark
             "seconds": round(time.monotonic() - started, 3)})
         states = context.index_states()
         save_states(context.storage, context.paths, {**states, **dict.fromkeys(partitions, READY)})
+    context.metadata.layout.sst_cache.prepare([base_path(context.metadata.root, partition, index, instant.time)
+                                               for partition, n in partitions.items() for index in range(n)])
     log.info("indexing %s: %s ready (built as of %s, %d instants caught up, current to %s) in %.1fs", instant.time,
              list(partitions), t, len(applied), caught_up, time.monotonic() - started)
 

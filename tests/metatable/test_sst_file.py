@@ -38,6 +38,21 @@ def test_ingest_links_and_keeps_the_base(tmp_path):
     assert os.stat(path).st_nlink == 2  # hard-linked into the read cache, not copied
 
 
+def test_prepared_instances_are_read_without_a_build(tmp_path, monkeypatch, caplog):
+    """`prepare` builds what the first reader would; a file it cannot build is left to that reader."""
+    good, bad = str(tmp_path / "good.sst"), str(tmp_path / "bad.sst")
+    write_sst(S, good, items(100))
+    with open(bad, "wb") as f:
+        f.write(b"not an sst")
+    cache = SstCache(LocalStorage(), str(tmp_path / "cache"))
+    cache.prepare([good, bad])
+    assert "bad.sst" in caplog.text
+    monkeypatch.setattr(SstCache, "_build", lambda *_: pytest.fail("built again"))
+    assert SstCache(LocalStorage(), str(tmp_path / "cache")).reader(good).get(b"k000042") == b"v42"
+    with pytest.raises(pytest.fail.Exception):
+        cache.reader(bad)
+
+
 def test_changed_file_is_not_served_stale(tmp_path):
     path = str(tmp_path / "b.sst")
     write_sst(S, path, [(b"a", b"1")])
