@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from metatable.errors import CorruptFileError
 from metatable.formats.key_pages import OpenFile, cached_per_file, footer_fields, key_pages, open_read, parquet_footer
 from metatable.formats.thrift_compact import (
-    BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, page_locations, read_struct, struct_spans)
+    BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, page_locations_many, read_struct, struct_spans)
 from metatable.parallel import SMALL, thread_map
 from metatable.storage.base import Storage
 from metatable.table_config import KEY_COLUMN
@@ -100,13 +100,14 @@ def file_pages(storage: Storage, path: str) -> FilePages | None:
         chunk_lists = [row_group[1] for row_group in footer.get(4, [])]
         if any(4 not in chunk for chunks in chunk_lists for chunk in chunks):
             return None
-        indexes = iter(file.read_many([(chunk[5], chunk[4]) for chunks in chunk_lists for chunk in chunks]))
+        indexes = iter(page_locations_many(
+            file.read_many([(chunk[5], chunk[4]) for chunks in chunk_lists for chunk in chunks]), path))
         groups, starts, start = [], [], 0
         for row_group in footer.get(4, []):
             chunks = []
             for chunk in row_group[1]:
                 meta = chunk[3]
-                offsets, sizes, firsts = page_locations(next(indexes), path)
+                offsets, sizes, firsts = next(indexes)
                 dictionary = (meta[11], meta[9] - meta[11]) if meta.get(11) else None
                 chunks.append(ChunkPages(column_meta(meta), dictionary, offsets, sizes, firsts,
                                          row_group[3], dictionary_encoded_pages(meta, len(offsets))))

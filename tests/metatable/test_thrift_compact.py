@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from metatable.errors import CorruptFileError
 import metatable.formats.thrift_compact as thrift_compact
-from metatable.formats.thrift_compact import leading_ints, leading_list_size, page_locations, read_struct
+from metatable.formats.thrift_compact import (leading_ints, leading_list_size, page_locations, page_locations_many,
+                                              read_struct)
 
 
 def _varint(n: int) -> bytes:
@@ -166,6 +167,19 @@ def test_page_locations_are_the_decoded_offset_index(pages, size_kind, unencoded
     assert all(column.dtype == "int64" for column in decoded)
 
 
+@settings(max_examples=200)
+@given(st.lists(st.tuples(locations.filter(bool), st.sampled_from([5, 5, 6]),
+                          st.one_of(st.none(), st.lists(st.integers(0, 2 ** 40), min_size=1, max_size=3))),
+                min_size=1, max_size=6))
+def test_many_offset_indexes_decode_as_each_alone(indexes):
+    """Decoded together (one numpy pass, or each alone when one is not uniform), each offset index gives what
+    it encodes."""
+    buffers = [_offset_index(pages, size_kind, unencoded) for pages, size_kind, unencoded in indexes]
+    decoded = page_locations_many(buffers, "x")
+    assert [[column.tolist() for column in one] for one in decoded] == \
+        [[[page[k] for page in pages] for k in range(3)] for pages, _, _ in indexes]
+
+
 def test_page_locations_of_pyarrow_files_decode_with_numpy(tmp_path, monkeypatch):
     path = str(tmp_path / "f.parquet")
     table = pa.table({"a": pa.array(range(50_000)), "b": pa.array([f"v{i}" for i in range(50_000)])})
@@ -178,12 +192,14 @@ def test_page_locations_of_pyarrow_files_decode_with_numpy(tmp_path, monkeypatch
                 for row_group in footer[4] for chunk in row_group[1]]
     monkeypatch.setattr(thrift_compact, "read_struct", None)  # the generic decoder must not be needed
     for row_group in footer[4]:
-        for chunk in row_group[1]:
-            offsets, sizes, first_rows = page_locations(data[chunk[4]:chunk[4] + chunk[5]], path)
+        buffers = [data[chunk[4]:chunk[4] + chunk[5]] for chunk in row_group[1]]
+        for (offsets, sizes, first_rows), alone in zip(page_locations_many(buffers, path), buffers):
             pages = expected.pop(0)
             assert len(pages) > 15  # a long list header
             assert (offsets.tolist(), sizes.tolist(), first_rows.tolist()) == \
                 ([p[1] for p in pages], [p[2] for p in pages], [p[3] for p in pages])
+            assert [a.tolist() for a in page_locations(alone, path)] == [offsets.tolist(), sizes.tolist(),
+                                                                        first_rows.tolist()]
 
 
 @given(locations.filter(bool), st.integers(1, 200))
