@@ -13,8 +13,8 @@ seconds of work.
 Small work runs in the calling thread (`parallel=False`): most of a row read's work holds the GIL (building
 the small Parquet files of its pages), and each call that releases it (a page's read, a decode) then waits
 to take it back. A `get_by` of one (l_suppkey, l_shipdate) pair at SF 1 (~1 row) took 4.1-4.2 ms warm on
-the pool and 3.3-3.4 ms in its own thread; one of ~30 rows (`l_partkey`) 23.3-23.9 ms on the pool, 24.4-25.2
-ms in one thread. So reads of fewer than `SMALL` rows decode in the caller's thread.
+the pool and 3.3-3.4 ms in its own thread; one of ~30 rows (`l_partkey`) 23.5-25.0 ms on the pool, 25.2 ms in
+one thread. So reads of fewer than `SMALL` rows decode in the caller's thread.
 
 The threads of every pool here say so (`arrow_threads`): a Parquet file decoded in one of them is decoded
 without Arrow's own threads, since ours keep the cores busy already.

@@ -73,6 +73,8 @@ def page_locations_many(buffers: Sequence[bytes], what: str) -> list[tuple[np.nd
     """`page_locations` of several offset indexes (a file's columns). Writers encode every location alike, so
     they decode all at once with numpy (`_uniform_locations`); should any not be so encoded, each goes on its
     own, through `read_struct` where it is not."""
+    if not buffers:
+        return []
     uniform = _uniform_locations(buffers)
     if uniform is not None:
         return uniform

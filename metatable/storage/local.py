@@ -116,14 +116,14 @@ class LocalStorage:
         A file deleted while mapped (a clean) keeps its disk space until its map is evicted: those bounds bound
         that too. Files are never truncated in place: a map past a file's end would fault."""
         with open(path, "rb") as f:
-            key = (path, _info(path, os.fstat(f.fileno())).version)
+            info = _info(path, os.fstat(f.fileno()))
+            key = (path, info.version)
             with _maps_lock:
                 found = _maps.get(key)
                 if found is not None:
                     _maps.move_to_end(key)
                     return found
-            size = os.fstat(f.fileno()).st_size
-            found = MappedFile(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b"")
+            found = MappedFile(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if info.size else b"")
         with _maps_lock:
             found = _maps.setdefault(key, found)
             while len(_maps) > 1 and (len(_maps) > MAPPED_FILES or
