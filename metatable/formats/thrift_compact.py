@@ -209,7 +209,11 @@ def _struct(buffer: bytes, position: int, what: str) -> tuple[dict[int, Any], in
         if kind <= _BOOL_FALSE:
             fields[field_id] = kind == _BOOL_TRUE
         elif _I16 <= kind <= _I64:
-            n, position = _varint(buffer, position)
+            n = buffer[position]  # most integers of a footer fit one byte: no call for those
+            if n < 0x80:
+                position += 1
+            else:
+                n, position = _varint(buffer, position)
             fields[field_id] = (n >> 1) ^ -(n & 1)
         else:
             fields[field_id], position = _value(buffer, position, kind, what)
@@ -232,11 +236,23 @@ def _value(buffer: bytes, position: int, kind: int, what: str) -> tuple[Any, int
         items = []
         if element == _BINARY:  # min/max values of a page index: thousands, so decoded inline
             for _ in range(size):
-                n, position = _varint(buffer, position)
+                n = buffer[position]
+                if n < 0x80:
+                    position += 1
+                else:
+                    n, position = _varint(buffer, position)
                 items.append(buffer[position:position + n])
                 position += n
             if position > len(buffer):
                 raise IndexError(position)
+        elif _I16 <= element <= _I64:  # a page index's null counts, a footer's encodings: inline too
+            for _ in range(size):
+                n = buffer[position]
+                if n < 0x80:
+                    position += 1
+                else:
+                    n, position = _varint(buffer, position)
+                items.append((n >> 1) ^ -(n & 1))
         elif element == _STRUCT:
             for _ in range(size):
                 item, position = _struct(buffer, position, what)

@@ -79,7 +79,8 @@ scalars = st.one_of(st.booleans(), st.integers(-(2 ** 63), 2 ** 63 - 1), st.bina
                     st.floats(allow_nan=False))
 values = st.recursive(scalars, lambda inner: st.one_of(
     st.lists(st.booleans(), max_size=20), st.lists(st.integers(-(2 ** 31), 2 ** 31), max_size=20),
-    st.lists(st.binary(max_size=8), max_size=20),
+    st.lists(st.integers(-(2 ** 63), 2 ** 63 - 1), max_size=5),  # varints of one byte to ten
+    st.lists(st.binary(max_size=8), max_size=20), st.lists(st.binary(max_size=200), max_size=3),
     st.dictionaries(st.integers(1, 300), inner, max_size=5)), max_leaves=12)
 structs = st.dictionaries(st.integers(1, 300), values, max_size=8)
 
