@@ -322,11 +322,15 @@ class OpenFile:
 
 
 @contextlib.contextmanager
-def open_parquet(storage: Storage, path: str, size: int | None = None, tail: bytes = b"") -> Iterator[OpenFile]:
+def open_parquet(storage: Storage, path: str, size: int | None = None, tail: bytes = b"",
+                 mapped: bool = False) -> Iterator[OpenFile]:
     """`path`, open for ranged reads; `size` when known saves a request on an object store, and its last bytes
-    read already (`tail`) the requests within them (`open_read` opens a file whose footer was read)."""
+    read already (`tail`) the requests within them (`open_read` opens a file whose footer was read). `mapped`:
+    a local file's memory map, for many reads; a footer's two reads open the file plainly (maps made and
+    dropped for the footers of the workload's 480 new bases slowed the full read after its batches: design
+    notes, stop 79)."""
     with naming_damage(path):
-        file = storage.open_mapped(path) if storage.local else storage.open_input(path, size, tail)
+        file = storage.open_mapped(path) if mapped and storage.local else storage.open_input(path, size, tail)
         size = file.size()
     try:
         with naming_damage(path):
@@ -336,9 +340,10 @@ def open_parquet(storage: Storage, path: str, size: int | None = None, tail: byt
 
 
 def open_read(storage: Storage, path: str) -> contextlib.AbstractContextManager[OpenFile]:
-    """A file whose footer was read (`parquet_footer`, cached): open with its size and tail known."""
+    """A file whose footer was read (`parquet_footer`, cached): open with its size and tail known, for the
+    reads of its pages (mapped, on a file system)."""
     footer = parquet_footer(storage, path)
-    return open_parquet(storage, path, footer.size, tail_of(storage, path))
+    return open_parquet(storage, path, footer.size, tail_of(storage, path), mapped=True)
 
 
 def footer_fields(read: Callable[..., R]) -> Callable[..., R]:
