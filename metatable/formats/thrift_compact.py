@@ -234,25 +234,23 @@ def _value(buffer: bytes, position: int, kind: int, what: str) -> tuple[Any, int
             flags, position = _take(buffer, position, size)
             return [b == _BOOL_TRUE for b in flags], position
         items = []
-        if element == _BINARY:  # min/max values of a page index: thousands, so decoded inline
+        if element == _BINARY or _I16 <= element <= _I64:
+            # a page index's min/max values and null counts, thousands: decoded inline, a one-byte varint
+            # without a call (the key column index of an SF 1 base file: 345-360 -> 200-215 us)
+            binary = element == _BINARY
             for _ in range(size):
                 n = buffer[position]
                 if n < 0x80:
                     position += 1
                 else:
                     n, position = _varint(buffer, position)
-                items.append(buffer[position:position + n])
-                position += n
+                if binary:
+                    items.append(buffer[position:position + n])
+                    position += n
+                else:
+                    items.append((n >> 1) ^ -(n & 1))
             if position > len(buffer):
                 raise IndexError(position)
-        elif _I16 <= element <= _I64:  # a page index's null counts, a footer's encodings: inline too
-            for _ in range(size):
-                n = buffer[position]
-                if n < 0x80:
-                    position += 1
-                else:
-                    n, position = _varint(buffer, position)
-                items.append((n >> 1) ^ -(n & 1))
         elif element == _STRUCT:
             for _ in range(size):
                 item, position = _struct(buffer, position, what)
