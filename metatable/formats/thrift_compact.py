@@ -133,7 +133,7 @@ def _uniform_locations(buffers: Sequence[bytes]) -> list[tuple[np.ndarray, np.nd
             or (widths[:, 1::2] > 10).any():
         return None
     # each byte's 7 bits, shifted to their place in its token's varint, summed per token: one pass over the
-    # bytes (a gather of every varint padded to the widest took 4x as long)
+    # bytes (0.61 ms for an SF 1 file's, against 0.69 ms gathering every varint padded to the widest)
     flat = starts.ravel()
     token_start = np.zeros(len(data), dtype=np.int64)
     token_start[flat] = flat

@@ -89,6 +89,38 @@ def test_ages_are_the_storages_own(store):
     assert abs(storage.clock(root) - storage.stat(f"{root}/beats/new").modified) < 5
 
 
+def test_local_maps_serve_a_files_current_content_within_their_bounds(tmp_path, monkeypatch):
+    """A file rewritten under its name is mapped again; the maps kept stay within MAPPED_FILES; the bytes read
+    from maps are counted."""
+    from metatable.storage import local
+    monkeypatch.setattr(local, "MAPPED_FILES", 2)
+    storage = local.LocalStorage()
+    path = str(tmp_path / "f")
+    with open(path, "wb") as f:
+        f.write(b"0123456789")
+    before = local.mapped_bytes_read()
+    assert storage.open_mapped(path).read_at(4, 2) == b"2345"
+    assert storage.open_mapped(path) is storage.open_mapped(path)  # kept
+    time.sleep(0.01)
+    with open(path + ".new", "wb") as f:
+        f.write(b"abcdefghijkl")
+    os.replace(path + ".new", path)
+    assert storage.open_mapped(path).read_at(4, 2) == b"cdef"
+    assert storage.open_mapped(path).size() == 12
+    maps = {}
+    for name in ("a", "b", "c"):
+        with open(tmp_path / name, "wb") as f:
+            f.write(name.encode() * 100)
+        maps[name] = storage.open_mapped(str(tmp_path / name))
+        assert maps[name].read_at(3, 97) == name.encode() * 3
+    assert storage.open_mapped(str(tmp_path / "c")) is maps["c"]
+    assert storage.open_mapped(str(tmp_path / "a")) is not maps["a"]  # evicted: two maps are kept
+    assert local.mapped_bytes_read() - before == 4 + 4 + 9
+    empty = str(tmp_path / "empty")
+    open(empty, "wb").close()
+    assert storage.open_mapped(empty).size() == 0
+
+
 def test_table_paths_and_storage_options():
     assert table_root("s3://b/p/t/") == "s3://b/p/t" and table_root("s3a://b/t") == "s3://b/t"
     assert split_url("s3://bucket/a/b") == ("bucket", "a/b")
