@@ -14,7 +14,7 @@ Small work runs in the calling thread (`parallel=False`): most of a row read's w
 the small Parquet files of its pages), and each call that releases it (a page's read, a decode) then waits
 to take it back. A `get_by` of one (l_suppkey, l_shipdate) pair at SF 1 (~1 row) took 4.1-4.2 ms warm on
 the pool and 3.3-3.4 ms in its own thread; one of ~30 rows (`l_partkey`) 23.5-25.0 ms on the pool, 25.2 ms in
-one thread. So reads of fewer than `SMALL` rows decode in the caller's thread.
+one thread. So reads of fewer rows than `row_pages.FEW_ROWS` decode in the caller's thread.
 
 The threads of every pool here say so (`arrow_threads`): a Parquet file decoded in one of them is decoded
 without Arrow's own threads, since ours keep the cores busy already.
@@ -31,7 +31,6 @@ from metatable.config import THREADS
 T = TypeVar("T")
 R = TypeVar("R")
 
-SMALL = 8  # rows: a read of fewer decodes its pages in the calling thread
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _inside = threading.local()  # `ours` set in every pool's threads here, `shared` in the shared pool's
@@ -40,7 +39,7 @@ _inside = threading.local()  # `ours` set in every pool's threads here, `shared`
 def thread_map(fn: Callable[[T], R], items: Iterable[T], parallel: bool = True) -> list[R]:
     """`[fn(item) for item in items]`, THREADS at a time. Every task has ended when it returns or raises (the
     first error in the items' order is raised): a task left running could use what the caller closes next.
-    `parallel` False: in this thread, one after another, for work too small to gain from threads (`SMALL`)."""
+    `parallel` False: in this thread, one after another, for work too small to gain from threads."""
     items = list(items)
     if len(items) < 2 or THREADS < 2 or not parallel:
         return [fn(item) for item in items]

@@ -11,8 +11,8 @@ from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.record_merge import merge_versions
 from metatable.file_group.slice_reader import base_path, log_tables, read_slice
 from metatable.formats.key_pages import key_pages, worth_probing
-from metatable.formats.row_pages import read_rows, rows_of_keys
-from metatable.parallel import SMALL, thread_map
+from metatable.formats.row_pages import FEW_ROWS, read_rows, rows_of_keys
+from metatable.parallel import thread_map
 from metatable.schema_evolution import in_schema
 from metatable.storage.base import Storage
 from metatable.storage.paths import TablePaths
@@ -50,7 +50,7 @@ def slice_rows(storage: Storage, paths: TablePaths, config: TableConfig, slices:
             return base
         return merge_versions([base, *logs], config.ordering_field, storage_schema)
 
-    parallel = len(bases) < len(slices) or sum(len(keys) for _, keys in slices) >= SMALL
+    parallel = len(bases) < len(slices) or sum(len(keys) for _, keys in slices) >= FEW_ROWS
     return [in_schema(rows, storage_schema) for rows in thread_map(rows_of, range(len(slices)), parallel)]
 
 

@@ -26,7 +26,7 @@ from metatable.errors import CorruptFileError
 from metatable.formats.key_pages import OpenFile, cached_per_file, footer_fields, key_pages, open_read, parquet_footer
 from metatable.formats.thrift_compact import (
     BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, page_locations_many, read_struct, struct_spans)
-from metatable.parallel import SMALL, thread_map
+from metatable.parallel import thread_map
 from metatable.storage.base import Storage
 from metatable.table_config import KEY_COLUMN
 
@@ -35,6 +35,7 @@ _DATA_PAGES = (0, 3)  # DATA_PAGE, DATA_PAGE_V2
 _BYTE_ARRAY = 6  # the physical type of strings and binaries
 _FIXED_LEN_BYTE_ARRAY = 7
 _DECIMAL = 5  # ConvertedType, and the LogicalType union's field
+FEW_ROWS = 8  # a read of fewer rows decodes its pages in the calling thread (`parallel.thread_map`)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def read_rows(wanted: Sequence[tuple[FilePages, np.ndarray]], columns: Sequence[
     with contextlib.ExitStack() as stack:
         files = {pages.path: stack.enter_context(open_read(pages.storage, pages.path)) for pages, _ in wanted}
         # decoding frees the GIL
-        parallel = sum(len(rows) for _, rows in wanted) >= SMALL
+        parallel = sum(len(rows) for _, rows in wanted) >= FEW_ROWS
         for name, arrays in zip(columns, thread_map(lambda name: _read_column(wanted, name, files, fetched), columns,
                                                     parallel)):
             for i, array in enumerate(arrays):
