@@ -11,9 +11,10 @@ one of them SIGKILLed every few seconds and started again. What must hold, and i
   sampled keys (present and absent) equal the snapshot; where the secondary index on `v` is ready (the
   indexers of `mor-bucket` and `cow-consistent-hashing` build and drop it), `get_by` of sampled values as of
   the snapshot finds exactly its rows with them;
-- the change records between two settled snapshots the reader read (`changes(start, end)`), applied to the
-  first, give the second: with before-images kept by the writes (`changes.before_images`, in the
-  configurations that set it) and without;
+- the change records between two settled snapshots the reader read, the net ones (`changes(start, end)`) and
+  every version (`every_version=True`), each applied to the first in order, give the second: with
+  before-images and change files kept by the writes (`changes.before_images`, in the configurations that set
+  it) and without;
 - writers fail only with the conflicts the README documents, at most 5% of their attempts; no stretch of
   30 seconds passes without an acknowledged write. Beside that bound the longest stretch without a completed
   write (`max_commit_gap_s`, from the timeline) is reported: where the acknowledgements stalled and the commits
@@ -299,26 +300,31 @@ def changes_problems(table: mt.Table, settled: tuple[str, dict] | None
         rows = {(r["p"], r["id"]): r for r in table.to_arrow(as_of=end).to_pylist()}
         if settled is None:
             return None, (end, rows)
-        feed = table.changes(settled[0], end).to_pylist()
+        feeds = {mode: table.changes(settled[0], end, every_version=mode == "every version").to_pylist()
+                 for mode in ("net", "every version")}
     except SnapshotExpiredError:  # a clean overtook the window: start again from this end
         return None, None
-    applied, problems = dict(settled[1]), []
-    for change in feed:
-        kind = change.pop("_change_type")
-        del change["_commit_instant"], change["_commit_seq"]
-        key = (change["p"], change["id"])
-        if kind in ("delete", "update_preimage") and applied.get(key) != change:
-            problems.append(f"{kind} of {key} in ({settled[0]}, {end}] is {change}, the row was {applied.get(key)}")
-        if kind == "insert" and key in applied:
-            problems.append(f"insert of {key} in ({settled[0]}, {end}], which was present")
-        if kind == "delete":
-            applied.pop(key, None)
-        elif kind != "update_preimage":
-            applied[key] = change
-    if applied != rows:
-        wrong = sorted(k for k in set(applied) | set(rows) if applied.get(k) != rows.get(k))
-        problems.append(f"the changes of ({settled[0]}, {end}] applied give {[applied.get(k) for k in wrong[:2]]} "
-                        f"for {wrong[:2]}, the snapshot has {[rows.get(k) for k in wrong[:2]]}")
+    problems = []
+    for mode, feed in feeds.items():
+        applied = dict(settled[1])
+        for change in feed:
+            kind = change.pop("_change_type")
+            del change["_commit_instant"], change["_commit_seq"]
+            key = (change["p"], change["id"])
+            if kind in ("delete", "update_preimage") and applied.get(key) != change:
+                problems.append(f"{mode}: {kind} of {key} in ({settled[0]}, {end}] is {change}, the row was "
+                                f"{applied.get(key)}")
+            if kind == "insert" and key in applied:
+                problems.append(f"{mode}: insert of {key} in ({settled[0]}, {end}], which was present")
+            if kind == "delete":
+                applied.pop(key, None)
+            elif kind != "update_preimage":
+                applied[key] = change
+        if applied != rows:
+            wrong = sorted(k for k in set(applied) | set(rows) if applied.get(k) != rows.get(k))
+            problems.append(f"{mode}: the changes of ({settled[0]}, {end}] applied give "
+                            f"{[applied.get(k) for k in wrong[:2]]} for {wrong[:2]}, the snapshot has "
+                            f"{[rows.get(k) for k in wrong[:2]]}")
     return problems, (end, rows)
 
 

@@ -557,7 +557,7 @@ def cmd_get_by(args: argparse.Namespace) -> None:
 
 
 def cmd_changes(args: argparse.Namespace) -> None:
-    result = Table.open(args.path).changes(args.since, args.until)
+    result = Table.open(args.path).changes(args.since, args.until, every_version=args.every_version)
     print_rows(result.slice(0, args.limit) if args.limit else result, args.output)
     print(f"({result.num_rows} change records)", file=sys.stderr)
 
@@ -759,6 +759,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="the table's directory")
     p.add_argument("--since", required=True, help="exclusive: an instant time or an ISO-8601 time")
     p.add_argument("--until", help="inclusive (default: the latest commit that no running write precedes)")
+    p.add_argument("--every-version", action="store_true",
+                   help="each write's own changes, in order (default: the net change of each record)")
     p.add_argument("--limit", type=int, default=0, help="rows to print (0: all)")
     p.add_argument("--output", default="table", choices=["table", "json", "csv"], help="how to print rows")
     p.set_defaults(func=cmd_changes)

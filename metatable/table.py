@@ -321,15 +321,18 @@ class Table:
                                   columns)
 
     def changes(self, start: Moment, end: Moment | None = None, columns: Sequence[str] | None = None,
-                filter: Any = None) -> pa.Table:
+                filter: Any = None, every_version: bool = False) -> pa.Table:
         """What the writes committed in `(start, end]` changed, as change records (`read.changes`): one per
         record whose row differs between the snapshots as of `start` and `end`, `_change_type` insert, delete,
         or update_preimage then update_postimage, with `_commit_instant` (the last write in the window that
         wrote it) and `_commit_seq`. `start`, `end` as `as_of` takes (`end`: the latest commit that no running
         write precedes). Compactions, clusterings and resizes change nothing. `columns`, `filter` as for
-        `to_arrow` (the filter is applied to each change record). A start older than what clean kept is a
-        SnapshotExpiredError that names the earliest."""
-        return read_changes(self.context, self.metadata_index, start, end, columns, filter)
+        `to_arrow` (the filter is applied to each change record). `every_version`: each write's own change
+        records instead, in the order of their instants (a record three writes updated gives three updates);
+        fast where the writes kept change files (`changes.before_images`). A start older than what clean
+        kept is a SnapshotExpiredError that names the earliest."""
+        return read_changes(self.context, self.metadata_index, start, end, columns, filter,
+                            every_version=every_version)
 
     def _plan(self, as_of: Moment | None, filter: Any, read_optimized: bool = False) -> reads.ScanPlan:
         plan = reads.scan_plan(self.context, self.metadata_index, as_of, filter, read_optimized)

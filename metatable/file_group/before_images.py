@@ -9,6 +9,11 @@ the timeline does not have, and clean those of instants at or before the earlies
 says whether they are complete (`"before_images"` in its metadata): not when a concurrent write to one of its
 file groups completed first (it re-homed behind it, and an image taken before that write is not the row that
 write left) nor when it dual-wrote into a resize.
+
+An in-process merge-on-read write also keeps its **change file** there (`TablePaths.change_file`): its own
+change records, computed from its images and logs before it commits (`read.changes.own_changes`), so that
+`changes(every_version=True)` reads one file per write instead of every file group's logs and images. The
+commit says it has one (`CHANGES_KEY`); it holds where the images do.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from metatable.storage.paths import TablePaths
 from metatable.table_config import TableConfig
 
 IMAGES_KEY = "before_images"  # commit metadata: True when the write kept the before-images of all it changed
+CHANGES_KEY = "change_file"  # commit metadata: True when the write kept its change records in a change file
 
 
 def write_images(storage: Storage, paths: TablePaths, config: TableConfig, instant: str, partition: str,
@@ -47,10 +53,27 @@ def read_images(storage: Storage, paths: TablePaths, instants: Sequence[str], sc
     for instant in instants:
         root = paths.images(instant).rstrip("/") + "/"
         for info in storage.walk(root):
+            if info.path == paths.change_file(instant):
+                continue
             if partitions is None or (os.path.dirname(info.path[len(root):]) or NON_PARTITIONED) in partitions:
                 files.append((instant, info.path))
     crash_point("changes.images")
     return thread_map(lambda f: (f[0], read_data_log(storage, f[1], schema)[1]), files)
+
+
+def write_change_file(storage: Storage, paths: TablePaths, config: TableConfig, instant: str,
+                      changes: pa.Table) -> None:
+    """Keep `changes` (the change records of `instant`'s write alone) as its change file."""
+    path = paths.change_file(instant)
+    storage.makedirs(os.path.dirname(path))
+    write_data_log(storage, path, instant, changes, *config.log_encoding)
+
+
+def read_change_files(storage: Storage, paths: TablePaths, instants: Sequence[str],
+                      schema: pa.Schema) -> list[pa.Table]:
+    """The change files of `instants`, in `schema`; read on THREADS threads."""
+    crash_point("changes.files")
+    return thread_map(lambda instant: read_data_log(storage, paths.change_file(instant), schema)[1], instants)
 
 
 def remove_images(storage: Storage, paths: TablePaths, instants: list[str]) -> None:

@@ -52,7 +52,7 @@ from metatable.config import THREADS
 from metatable.errors import InvalidInputError, SnapshotExpiredError
 from metatable.faults import crash_point
 from metatable.file_group.base_file import PARQUET, BaseFile
-from metatable.file_group.before_images import IMAGES_KEY, read_images
+from metatable.file_group.before_images import CHANGES_KEY, IMAGES_KEY, read_change_files, read_images
 from metatable.file_group.file_slice import parse_names
 from metatable.file_group.record_merge import loses, merge_versions
 from metatable.file_group.slice_reader import read_base
@@ -116,13 +116,15 @@ def window(view: TimelineView, start: Moment, end: Moment | None) -> Window:
 
 def read_changes(context: TableContext, index: MetadataIndex, start: Moment, end: Moment | None = None,
                  columns: Sequence[str] | None = None, filter: Any = None,
-                 partitions: Collection[str] | None = None) -> pa.Table:
+                 partitions: Collection[str] | None = None, every_version: bool = False) -> pa.Table:
     """The change records of `(start, end]` (see the module's docstring), in the columns of the snapshot as of
     end (or `columns` of them) and the three change columns; `filter` as `to_arrow` takes, applied to each
     change record's row (an update whose pre-image matches and post-image does not gives the pre-image).
-    `partitions`: only the records of these partition paths (a Spark task's share: `change_units`)."""
-    return context.read_view(lambda view: changes_in(context, index, view, window(view, start, end), columns,
-                                                     filter, partitions))
+    `partitions`: only the records of these partition paths (a Spark task's share: `change_units`).
+    `every_version`: each write's own changes, in the order of their instants (`each_write`), not the net."""
+    read = each_write if every_version else changes_in
+    return context.read_view(lambda view: read(context, index, view, window(view, start, end), columns, filter,
+                                               partitions))
 
 
 def change_units(view: TimelineView, w: Window) -> list[frozenset[str] | None]:
@@ -135,16 +137,67 @@ def change_units(view: TimelineView, w: Window) -> list[frozenset[str] | None]:
                                             for relative in meta.get("files", [])})]
 
 
-def changes_in(context: TableContext, index: MetadataIndex, view: TimelineView, w: Window,
-               columns: Sequence[str] | None, filter: Any, partitions: Collection[str] | None) -> pa.Table:
+def end_config(context: TableContext, view: TimelineView, w: Window) -> tuple[TimelineView, TableConfig]:
+    """The view as of the window's end, and its config (whose schema the change records take)."""
     end_view = view if not w.writes or w.end >= (view.latest or BOOTSTRAP_TIME) else context.view(as_of=w.end)
-    config = end_view.config
+    return end_view, end_view.config
+
+
+def output(config: TableConfig, columns: Sequence[str] | None, filter: Any) -> tuple[pa.Schema, Filter]:
+    """The change records' schema (`columns` of the table's, or all, then the change columns) and the filter."""
     schema = config.schema
     wanted = list(schema.names) if columns is None else list(columns)
     if len(set(wanted)) != len(wanted) or not set(wanted) <= set(schema.names):
         raise InvalidInputError(f"columns {wanted} must name distinct columns of the table ({schema.names})")
-    filters = parse_filter(filter, schema)
-    out_schema = pa.schema([schema.field(c) for c in wanted] + list(CHANGE_COLUMNS))
+    return pa.schema([schema.field(c) for c in wanted] + list(CHANGE_COLUMNS)), parse_filter(filter, schema)
+
+
+def each_write(context: TableContext, index: MetadataIndex, view: TimelineView, w: Window,
+               columns: Sequence[str] | None, filter: Any, partitions: Collection[str] | None) -> pa.Table:
+    """Every version: the change records of each write of the window as if its window held that write alone,
+    the writes in the order of their instants (a record three writes updated gives three updates, each with
+    its pre-image), as Delta's change data feed gives them. A write that kept a change file whose images hold
+    (`CHANGES_KEY`, `IMAGES_KEY`) is that file; another's are its window's net changes (`changes_in`)."""
+    _, config = end_config(context, view, w)
+    out_schema, filters = output(config, columns, filter)
+    whole = pa.schema(list(config.schema) + list(CHANGE_COLUMNS))
+    kept = [t for t, meta in w.writes if meta.get(IMAGES_KEY) and meta.get(CHANGES_KEY)]
+    with context.snapshot_kept(w.start):  # a clean that overtook the read removes change files too
+        crash_point("changes.read")
+        found = dict(zip(kept, read_change_files(context.storage, context.paths, kept, whole)))
+    parts = []
+    for (time, meta), since in zip(w.writes, [w.start, *(t for t, _ in w.writes)]):
+        own = found.get(time)
+        if own is None:
+            own = in_schema(changes_in(context, index, view, Window(since, time, ((time, meta),)), None, None,
+                                       partitions), whole)
+        elif partitions is not None:
+            own = own.filter(pc.is_in(partition_paths(own, config.partition_by), pa.array(list(partitions))))
+        parts.append(own.filter(row_mask(own, filters)) if filters else own)
+    return pa.concat_tables(parts).select(out_schema.names) if parts else out_schema.empty_table()
+
+
+def own_changes(context: TableContext, view: TimelineView, config: TableConfig, instant: str,
+                files: Sequence[str]) -> pa.Table:
+    """The change records of one write, made from the files it wrote (`files`, relative) and the before-images
+    it kept, before it commits (`view`: its snapshot): what a window that holds only this write gives when
+    those images hold, which its commit says. They become the write's change file, and `each_write` reads one
+    file per write instead of its logs and every file group's images. In `config`'s schema."""
+    whole = pa.schema(list(config.schema) + list(CHANGE_COLUMNS))
+    w = Window(instant, instant, ((instant, {"files": list(files)}),))
+    versions = written_versions(context, view, w, [], None, config.log_schema)
+    written = records_of(config, versions)
+    if written.num_rows == 0:
+        return whole.empty_table()
+    first = np.asarray(written["first"].to_numpy(), np.int64)
+    before = imaged_rows(context, config, written, first, np.ones(len(first), bool), {int(instant): instant})
+    return change_records(config, written, before, rows_at_end(config, before, versions)).select(whole.names)
+
+
+def changes_in(context: TableContext, index: MetadataIndex, view: TimelineView, w: Window,
+               columns: Sequence[str] | None, filter: Any, partitions: Collection[str] | None) -> pa.Table:
+    end_view, config = end_config(context, view, w)
+    out_schema, filters = output(config, columns, filter)
     if not w.writes:
         return out_schema.empty_table()
     with context.snapshot_kept(w.start):  # what start's snapshot and the window's writes left, while clean keeps it
@@ -180,7 +233,11 @@ def rows_as_of_start(context: TableContext, index: MetadataIndex, view: Timeline
         return storage_schema.empty_table()
     imaged = {int(t): t for t, meta in w.writes if meta.get(IMAGES_KEY)}
     from_images = np.isin(first, list(imaged))
-    parts = [imaged_rows(context, config, w.start, written, first, from_images, imaged)] if from_images.any() else []
+    parts = []
+    if from_images.any():
+        parts.append(imaged_rows(context, config, written, first, from_images, imaged))
+        if (expired := context.expired_since(w.start, "the writes' before-images")) is not None:
+            raise expired  # a clean removed some while they were listed: a missing image would read as an insert
     if not from_images.all():
         rest = pa.array(~from_images)
         keys = written["key"].filter(rest).combine_chunks()
@@ -199,7 +256,7 @@ def first_writes(config: TableConfig, written: pa.Table, versions: Sequence[Vers
     return np.asarray(every["first"].take(pc.index_in(written["key"], value_set=every["key"])).to_numpy(), np.int64)
 
 
-def imaged_rows(context: TableContext, config: TableConfig, start: str, written: pa.Table, first: np.ndarray,
+def imaged_rows(context: TableContext, config: TableConfig, written: pa.Table, first: np.ndarray,
                 from_images: np.ndarray, imaged: dict[int, str]) -> pa.Table:
     """The rows as of start of the records `from_images` marks: each one's image from its first write (`first`),
     which kept an image of every row it replaced or deleted. Only the images of the records' partitions are
@@ -209,8 +266,6 @@ def imaged_rows(context: TableContext, config: TableConfig, start: str, written:
         set(written["partition"].filter(pa.array(from_images)).unique().to_pylist())
     found = read_images(context.storage, context.paths, [imaged[t] for t in np.unique(first[from_images]).tolist()],
                         storage_schema, reach)
-    if (expired := context.expired_since(start, "the writes' before-images")) is not None:
-        raise expired  # a clean removed some while they were listed: a missing image would read as an insert
     if not found:
         return storage_schema.empty_table()
     rows = pa.concat_tables([rows for _, rows in found])

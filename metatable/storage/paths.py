@@ -75,6 +75,10 @@ class TablePaths:
         partition path: `<images>/<partition path>/<file id>_<token>.log`."""
         return os.path.join(self.images_root, instant)
 
+    def change_file(self, instant: str) -> str:
+        """A write's own change records, beside its images (`before_images.write_change_file`)."""
+        return os.path.join(self.images(instant), "changes.log")
+
     def spill(self, instant: str) -> str:
         """Where an in-process write of a stream keeps its input by file group until it writes them."""
         return os.path.join(self.meta, "spill", instant)

@@ -31,8 +31,9 @@ from metatable.commit.data_commit import Commit, commit
 from metatable.commit.timeline_view import TimelineView, group_name
 from metatable.errors import InvalidInputError
 from metatable.faults import crash_point
-from metatable.file_group.before_images import IMAGES_KEY
-from metatable.file_group.written import absent_deletes, counts, written_files
+from metatable.file_group.before_images import CHANGES_KEY, IMAGES_KEY, write_change_file
+from metatable.file_group.written import WrittenFile, absent_deletes, counts, written_files
+from metatable.read.changes import own_changes
 from metatable.read.key_lookup import get_rows
 from metatable.read.locator import MetadataIndex
 from metatable.read.reads import filtered
@@ -50,6 +51,7 @@ from metatable.write.write_task import WriteTask, record_index_may_answer
 log = logging.getLogger(__name__)
 
 DEFAULT_BYTES_PER_ROW = 100.0  # until a table has files to measure
+CHANGE_FILE_ROWS = 1 << 20  # a write of more rows keeps no change file: its change records would be held whole
 SCHEMA_MODES = (None, "merge")  # merge: the data's new columns are added to the table
 
 
@@ -214,9 +216,11 @@ class WriteClient:
             for name, n in unwritten.items():
                 tally[name] = tally.get(name, 0) + n
             evolves = not written.schema.equals(view.config.schema)
+            kept = keep_change_file(context, view, written, instant.time, files) \
+                if not on_spark and not evolves else {}
             commit(context, Commit(instant, Committer.of(self.action, written), files, view.completed_times,
                                    {"operation": operation, **tally, **({"txn": asdict(txn)} if txn else {}),
-                                    **({IMAGES_KEY: True} if written.keeps_before_images else {})},
+                                    **({IMAGES_KEY: True} if written.keeps_before_images else {}), **kept},
                                    schema=written.schema if evolves else None, absent_deletes=absent,
                                    marked_here=not on_spark, stored=stored))
         result = WriteResult(instant.time, operation, files_written=len(files), seconds=time.monotonic() - started,
@@ -316,3 +320,19 @@ class WriteClient:
         typed = pa.table({c: tally[c].cast(config.schema.field(c).type) for c in cols}) if cols else tally
         paths = partition_paths(typed, config.partition_by).to_pylist()
         return dict(zip(paths, tally["count"].to_pylist()))
+
+
+def keep_change_file(context: TableContext, view: TimelineView, config: TableConfig, instant: str,
+                     files: Sequence[WrittenFile]) -> dict[str, bool]:
+    """With before-images kept, an in-process merge-on-read write also keeps its change records
+    (`read.changes.own_changes`) in a change file: the commit metadata that says so, or nothing. Not where it
+    rewrote bases (copy-on-write: that would read the old and new bases again), dual-wrote into a resize (its
+    images do not hold), or wrote more than CHANGE_FILE_ROWS rows; a read of every version computes the
+    changes of such a write from its files."""
+    if not (config.keeps_before_images and config.merge_on_read) or not files or \
+            any(f.kind == "dual" for f in files) or sum(f.rows for f in files) > CHANGE_FILE_ROWS:
+        return {}
+    changes = own_changes(context, view, config, instant, [f.relative for f in files])
+    write_change_file(context.storage, context.paths, config, instant, changes)
+    crash_point("table.write.change_file")
+    return {CHANGES_KEY: True}

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import metatable as mt
 from metatable.errors import InvalidInputError, SnapshotExpiredError
-from metatable.file_group.before_images import IMAGES_KEY, instants_with_images
+from metatable.file_group.before_images import CHANGES_KEY, IMAGES_KEY, instants_with_images
 from metatable.read import changes as changes_module
 from metatable.timeline.instant import datetime_from_time, moment_time
 
@@ -91,6 +91,12 @@ class History:
                 out += [(key, *pre[k], "update_preimage", touched[-1]),
                         (key, *post[k], "update_postimage", touched[-1])]
         return sorted(out, key=str)
+
+    def every_version(self, start: str, end: str) -> list[tuple]:
+        """Each write's own changes, for the writes in `(start, end]`: its window alone."""
+        writes = [instant for instant, _ in self.snapshots if start < instant <= end]
+        return sorted((c for since, write in zip([start, *writes], writes) for c in self.changes(since, write)),
+                      key=str)
 
 
 def rows_of(table: pa.Table) -> list[tuple]:
@@ -212,6 +218,9 @@ def test_changes_and_time_travel_equal_the_model(tmp_path, table_type, index, op
         check_windows(table, model, times, windows, readable_from, partitioned)
     kept = instants_with_images(table.context.storage, table.context.paths)
     assert all(t > readable_from for t in kept), "clean removes the images no readable window needs"
+    if table_type == "merge_on_read":  # an in-process write whose images hold kept its change records too
+        metas = [table.context.timeline.read_json(i) for i in table.timeline() if i.action.value == "deltacommit"]
+        assert all(m.get(CHANGES_KEY) for m in metas if m.get(IMAGES_KEY) and m["files"]), "a write kept no file"
 
 
 def read_from_images_only(patch: pytest.MonkeyPatch) -> None:
@@ -246,6 +255,10 @@ def check_windows(table: mt.Table, model: History, times: list[str], windows: li
         assert got.column_names == SCHEMA.names + CHANGE_COLUMNS
         assert change_tuples(got) == (model.changes(start, end) if start < end else []), f"({start}, {end}]"
         check_sequence(got, partitioned)
+        each = table.changes(start, end, every_version=True)
+        assert each.column_names == SCHEMA.names + CHANGE_COLUMNS
+        assert change_tuples(each) == model.every_version(start, end), f"every version of ({start}, {end}]"
+        check_sequence(each, partitioned)
     if readable_from == "00000000000000000":  # nothing cleaned: everything since before the first commit
         everything = table.changes("2000-01-01")
         assert change_tuples(everything) == model.changes("0", "99999999999999999")
@@ -445,6 +458,9 @@ def test_changes_columns_filter_and_the_cli(tmp_path, capsys):
     main(["changes", str(tmp_path / "t"), "--since", start, "--output", "json"])
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 4 and '"_change_type": "delete"' in printed[-1]
+    main(["changes", str(tmp_path / "t"), "--since", start, "--every-version", "--output", "json"])
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 6 and '"_change_type": "delete"' in printed[-1]  # 1 updated, then deleted: 2 + 1
     main(["get", str(tmp_path / "t"), "1", "--as-of", start])
     assert " x " in capsys.readouterr().out.splitlines()[1] + " "
 
@@ -574,8 +590,35 @@ def test_before_images_taken_before_a_concurrent_write_to_their_file_group_are_n
     writes = [i for i in reopened.timeline() if i.action.value == "deltacommit"]
     assert [reopened.context.timeline.read_json(i)["before_images"] for i in writes] == [True, True, False]
     got = sorted((r["id"], r["v"], r["_change_type"]) for r in reopened.changes(writes[1].time).to_pylist())
-    assert got == sorted([(1, "early", "update_preimage"), (1, "late", "update_postimage"),
-                          (2, "seed", "update_preimage"), (2, "late", "update_postimage")])
+    late_changes = [(1, "early", "update_preimage"), (1, "late", "update_postimage"),
+                    (2, "seed", "update_preimage"), (2, "late", "update_postimage")]
+    assert got == sorted(late_changes)
+    # its change file was made from those images too: every version reads its changes from the table instead
+    each = reopened.changes(writes[0].time, every_version=True)
+    assert [(r["id"], r["v"], r["_change_type"], r["_commit_instant"]) for r in each.to_pylist()] == [
+        (1, "seed", "update_preimage", writes[1].time), (1, "early", "update_postimage", writes[1].time),
+        *[(*change, writes[2].time) for change in late_changes]]
+
+
+def test_a_writer_killed_after_its_change_file_leaves_none_behind(tmp_path):
+    """A write SIGKILLed after it kept its change file and before it committed: the next writer rolls it back,
+    its images and change file go with it, and every version of a window over both writes is the survivor's."""
+    table = mt.Table.create(str(tmp_path / "t"), MODEL_SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=1),
+                            options={"changes.before_images": True, "lock.lease_s": 2.0})
+    seed = table.upsert(pa.Table.from_pylist(concurrency_rows([1, 2], "a", "seed", 1), schema=MODEL_SCHEMA)).instant
+    victim = start(table.path, "upsert", concurrency_rows([1], "a", "dead", 3),
+                   METATABLE_CRASH_AT="table.write.change_file")
+    assert victim.wait(60) == -signal.SIGKILL
+    kept = instants_with_images(table.context.storage, table.context.paths)
+    assert len(kept) == 2 and kept[0] == seed, "the seed's change file, the victim's images and change file"
+    time.sleep(0.3)
+    survivor = mt.Table.open(table.path, options={"heartbeat.interval_s": 0.05, "heartbeat.tolerable_misses": 2})
+    after = survivor.upsert(pa.Table.from_pylist(concurrency_rows([2], "a", "after", 3), schema=MODEL_SCHEMA)).instant
+    assert instants_with_images(survivor.context.storage, survivor.context.paths) == [seed, after]
+    assert survivor.context.timeline.read_json(survivor.context.timeline.get(after))[CHANGES_KEY] is True
+    each = survivor.changes(seed, every_version=True)
+    assert [(r["id"], r["v"], r["_change_type"], r["_commit_instant"]) for r in each.to_pylist()] == [
+        (2, "seed", "update_preimage", after), (2, "after", "update_postimage", after)]
 
 
 @pytest.mark.parametrize("table_type", ["merge_on_read", "copy_on_write"])
@@ -606,8 +649,12 @@ def test_before_images_give_the_changes_the_table_gives_and_go_with_clean(lake, 
     for first in range(len(instants[0]) - 1):
         got, expected = (change_tuples(t.changes(mine[first])) for t, mine in zip(tables, instants))
         assert [g[:4] for g in got] == [e[:4] for e in expected]
-    assert instants_with_images(images.context.storage, images.context.paths) == instants[0][1:]  # the first
-    # replaced nothing
+        got, expected = (change_tuples(t.changes(mine[first], every_version=True))
+                         for t, mine in zip(tables, instants))
+        assert [g[:4] for g in got] == [e[:4] for e in expected], "every version: change files and the table"
+    # the first replaced nothing: merge-on-read kept its change file alone, copy-on-write nothing
+    assert instants_with_images(images.context.storage, images.context.paths) == \
+        instants[0][0 if table_type == "merge_on_read" else 1:]
     images.clean()  # the last two commits stay readable: earlier images go
     readable_from = images.context.view().readable_from
     kept = instants_with_images(images.context.storage, images.context.paths)
