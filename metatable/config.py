@@ -129,7 +129,8 @@ OPTIONS: dict[str, Option] = {
                "before it (`.metatable/images/<instant>/`), so that `changes()` reads its pre-images from those "
                "instead of from the table's pages: the rows the write replaces are read at write time, and stored "
                "again until clean removes the slices they came from (docs/design-notes.md, \"Reading through "
-               "time\"). Delta Lake's `delta.enableChangeDataFeed` is the same trade"),
+               "time\"). An in-process merge-on-read write also keeps its own change records there, which "
+               "`changes(every_version=True)` reads. Delta Lake's `delta.enableChangeDataFeed` is the same trade"),
         Option("clean.inline", bool, True, "clean after each commit"),
         Option("clean.sweep_every_s", float, 3600.0,
                "a clean also sweeps what dead processes left (staging files, markers, orphaned data files) when "

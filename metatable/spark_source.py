@@ -5,7 +5,8 @@
   `IN` on a column) have skipped the slices column stats rule out. Pushed filters are applied to the rows
   too, so Spark need not apply them again.
 - With option `start` (and `end`), it reads change records instead (`Table.changes`): one input partition
-  per partition path the window's writes wrote. `start` "earliest": since before the first commit.
+  per partition path the window's writes wrote. `start` "earliest": since before the first commit. Option
+  `every_version` "true": each write's own changes (`changes(every_version=True)`).
 - `spark.readStream.format("metatable").load(path)` is a stream whose offsets are instants: each micro-batch
   reads the changes of `(previous offset, latest settled instant]` (`changes.settled_end`: no running write
   precedes it, so a batch replayed after a crash reads the same). Its first batch is the snapshot; then each
@@ -67,7 +68,7 @@ from metatable.write.write_client import Txn
 log = logging.getLogger(__name__)
 
 NEW_TABLE_OPTIONS = {"record_key", "partition_by", "ordering_field", "table_type", "index", "num_buckets"}
-READ_OPTIONS = {"path", "as_of", "read_optimized", "start", "end", *NEW_TABLE_OPTIONS}
+READ_OPTIONS = {"path", "as_of", "read_optimized", "start", "end", "every_version", *NEW_TABLE_OPTIONS}
 WRITE_OPTIONS = {"path", "operation", "schema_mode", *NEW_TABLE_OPTIONS}
 STORAGE_PREFIX = "storage."  # options that are the table's storage_options
 NOT_IN_CATALOG = (
@@ -108,12 +109,13 @@ class MetatableDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         table = self._table(READ_OPTIONS, declared=schema)
         if "start" in self.options:
-            return ChangesReader(table, start_time(self.options["start"]), self.options.get("end"),
+            every_version = self.options.get("every_version", "false").lower() == "true"
+            return ChangesReader(table, start_time(self.options["start"]), self.options.get("end"), every_version,
                                  self._snapshot_schema(table))
         return SnapshotReader(table.path, table.storage, dict(self.options), self._snapshot_schema(table))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        table = self._table(READ_OPTIONS - {"as_of", "read_optimized", "end"})
+        table = self._table(READ_OPTIONS - {"as_of", "read_optimized", "end", "every_version"})
         start = start_time(self.options.get("start", "earliest"))
         return ChangeStream(table.path, table.storage, start, self._snapshot_schema(table))
 
@@ -237,17 +239,18 @@ class ChangesPartition(InputPartition):
     start: str
     end: str
     partitions: frozenset[str] | None  # the partition paths of its share (None: all)
+    every_version: bool = False  # each write's own changes (`Table.changes(every_version=True)`)
 
 
 class ChangesReader(DataSourceReader):
     """A read of change records: the window is fixed when the read is planned (its end resolved), and each
     task reads the records of its partition paths (`changes.change_units`)."""
 
-    def __init__(self, table: Table, start: str, end: str | None, schema: pa.Schema) -> None:
+    def __init__(self, table: Table, start: str, end: str | None, every_version: bool, schema: pa.Schema) -> None:
         self.path = table.path
         self.storage = table.storage
         self.schema = schema
-        self.units = planned_changes(table, start, end)
+        self.units = planned_changes(table, start, end, every_version)
 
     def partitions(self) -> list[ChangesPartition]:
         return self.units or [ChangesPartition(BOOTSTRAP_TIME, BOOTSTRAP_TIME, frozenset())]
@@ -261,18 +264,19 @@ def start_time(start: str) -> str:
     return BOOTSTRAP_TIME if start == "earliest" else moment_time(start)
 
 
-def planned_changes(table: Table, start: str, end: str | None) -> list[ChangesPartition]:
+def planned_changes(table: Table, start: str, end: str | None, every_version: bool) -> list[ChangesPartition]:
     """The shares of the window `(start, end]` (`end`: the settled one), each a Spark task's."""
     view = table.context.view()
     w = window(view, start, end)
-    return [ChangesPartition(w.start, w.end, unit) for unit in change_units(view, w)]
+    return [ChangesPartition(w.start, w.end, unit, every_version) for unit in change_units(view, w)]
 
 
 def read_share(path: str, storage: Storage, share: ChangesPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     if share.partitions == frozenset():
         return
     table = Table.open(path, storage=storage)
-    rows = read_changes(table.context, table.metadata_index, share.start, share.end, partitions=share.partitions)
+    rows = read_changes(table.context, table.metadata_index, share.start, share.end, partitions=share.partitions,
+                        every_version=share.every_version)
     yield from rows.select(schema.names).cast(schema).to_batches()
 
 
@@ -309,7 +313,7 @@ class ChangeStream(DataSourceStreamReader):
         if first == BOOTSTRAP_TIME:
             slices = table.context.view(last).file_slices.values()
             return [SnapshotSlice(fs, last) for fs in slices]
-        return planned_changes(table, first, last)
+        return planned_changes(table, first, last, every_version=False)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         records = CHANGE_TYPE in self.schema.names

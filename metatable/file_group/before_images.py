@@ -8,12 +8,13 @@ the timeline does not have, and clean those of instants at or before the earlies
 (a window of changes starts there at the earliest, so it needs the images of later writes only). The commit
 says whether they are complete (`"before_images"` in its metadata): not when a concurrent write to one of its
 file groups completed first (it re-homed behind it, and an image taken before that write is not the row that
-write left) nor when it dual-wrote into a resize.
+write left), nor when a write with an earlier instant was still running (it may do the same after this one
+completes: `data_commit.earlier_writes_running`), nor when it dual-wrote into a resize.
 
 An in-process merge-on-read write also keeps its **change file** there (`TablePaths.change_file`): its own
 change records, computed from its images and logs before it commits (`read.changes.own_changes`), so that
 `changes(every_version=True)` reads one file per write instead of every file group's logs and images. The
-commit says it has one (`CHANGES_KEY`); it holds where the images do.
+commit says it has one (`CHANGES_KEY`); it is read where the images hold.
 """
 from __future__ import annotations
 
