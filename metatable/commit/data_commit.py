@@ -139,25 +139,30 @@ def publish(context: TableContext, c: Commit) -> Publication:
     metadata.write(time_, {p: r for p, r in records.items() if p in metadata.partitions and p in kept_partitions})
     crash_point("table.commit.metadata")
     touched = sorted({*touched, *(f.group for f in files)})  # re-homing may have moved rows into other groups
+    running = earlier_writes_running(context.timeline, time_) if c.committer.action in WRITE_ACTIONS else []
     # images taken before a write this one re-homed behind, or beside dual writes, are not its rows as of start;
     # nor where a write with an earlier instant may complete after this one
-    images = {IMAGES_KEY: not (duals or resolution.behind_writes or earlier_writes_running(context.timeline, time_))} \
-        if c.metadata.get(IMAGES_KEY) else {}
-    return Publication({**c.metadata, **images, "file_groups": touched, "files": [f.relative for f in files],
+    images = {IMAGES_KEY: not (duals or resolution.behind_writes or running)} if c.metadata.get(IMAGES_KEY) else {}
+    return Publication({**c.metadata, **images, **({RUNNING_BEFORE: running} if running else {}),
+                        "file_groups": touched, "files": [f.relative for f in files],
                         **({"dual_files": kept} if kept else {}), "indexes": sorted(maintained),
                         "completed_at": completed},
                        along=[metadata.completion(time_)])
 
 
-def earlier_writes_running(timeline: Timeline, time_: str) -> bool:
-    """Whether a write with an earlier instant is still running. Completing after this one, it may change rows
-    of this one's file groups in every snapshot as of its instant or later (snapshots take instants by time and
-    merge their versions in the order they completed), rows this write's images lack: a window starting at or
-    after it, whose first write is this one, would read them as the rows as of start. The chaos run's reader
-    found that through change files (a pre-image older than the snapshot's row, an insert of a row the
-    snapshot held); a net window that starts between the two instants met it too
+RUNNING_BEFORE = "running_before"  # commit metadata: the writes with earlier instants still running at its commit
+
+
+def earlier_writes_running(timeline: Timeline, time_: str) -> list[str]:
+    """The writes with an earlier instant that are still running. One that completes after this write merges
+    its versions after this one's (a snapshot takes instants by time, and merges their versions in the order
+    they completed), in every snapshot as of its instant or later. So a window of changes that starts at or
+    after it and holds this write reads rows this write's images lack (they are not its rows as of start),
+    and must merge that write's versions after this one's for the rows as of its end (`read.changes`). The
+    chaos run's reader found both through change files (a pre-image older than the snapshot's row, a delete
+    of a row the snapshot held); a net window that starts between the two instants met them too
     (`test_a_write_with_an_earlier_instant_that_completes_later_...`)."""
-    return any(i.time < time_ for i in timeline.pending(WRITE_ACTIONS))
+    return [i.time for i in timeline.pending(WRITE_ACTIONS) if i.time < time_]
 
 
 def still_stored(stored: StoredRows | None, concurrent: Sequence[Concurrent],

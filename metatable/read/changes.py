@@ -28,8 +28,10 @@ How the records are found, without a scan of the table (docs/design-notes.md, "R
    (`key_lookup.live_rows`), and of a large base file only the pages that do;
 4. their rows as of end: the rows as of start merged with every version the window's writes wrote, in the
    order the writes completed, under the merge rule a read applies (`record_merge`): a read of the end's file
-   slices would read the table's pages again for rows the window's files already hold. Their comparison with
-   the rows as of start is the change.
+   slices would read the table's pages again for rows the window's files already hold. A write at or before
+   start that completed after one of the window's writes merges after it in the snapshot as of end: its
+   versions merge again, in their place (`late_writes`). Their comparison with the rows as of start is the
+   change.
 
 A window that reaches back past what clean kept is a SnapshotExpiredError that names the earliest start.
 """
@@ -38,7 +40,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Collection, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +49,7 @@ import pyarrow.compute as pc
 from indexes.arrow_keys import partition_paths
 
 from metatable.commit.context import TableContext
+from metatable.commit.data_commit import RUNNING_BEFORE
 from metatable.commit.timeline_view import TimelineView
 from metatable.config import THREADS
 from metatable.errors import InvalidInputError, SnapshotExpiredError
@@ -106,12 +109,28 @@ def window(view: TimelineView, start: Moment, end: Moment | None) -> Window:
             "clean.retain_commits and clean.retain_hours set how long changes stay readable")
     if end_time <= start_time:
         return Window(start_time, end_time, ())
-    writes = {i.time: i for i in view.completed if i.action in WRITE_ACTIONS and start_time < i.time <= end_time}
+    return Window(start_time, end_time, writes_of(view, lambda t: start_time < t <= end_time, start_time, end_time))
+
+
+def writes_of(view: TimelineView, wanted: Callable[[str], bool], first: str, last: str
+              ) -> tuple[tuple[str, Content], ...]:
+    """The completed writes whose instant times are `wanted` (all between `first` and `last`), archived ones
+    too, each with its commit metadata, oldest first."""
+    writes = {i.time: i for i in view.completed if i.action in WRITE_ACTIONS and wanted(i.time)}
     found = [(t, view.timeline.read_json(i)) for t, i in sorted(writes.items())]
-    if start_time < view.archived.until:
-        found += [(i.time, content) for i, content in view.timeline.archive.read(start_time, end_time)
-                  if i.action in WRITE_ACTIONS and i.time > start_time and i.time not in writes]
-    return Window(start_time, end_time, tuple(sorted(found, key=lambda w: w[0])))
+    if first < view.archived.until:
+        found += [(i.time, content) for i, content in view.timeline.archive.read(first, last)
+                  if i.action in WRITE_ACTIONS and wanted(i.time) and i.time not in writes]
+    return tuple(sorted(found, key=lambda w: w[0]))
+
+
+def late_writes(view: TimelineView, w: Window) -> Window:
+    """The writes at or before the window's start that completed after one of its writes (whose commit names
+    them: `RUNNING_BEFORE`). The snapshot as of end merges their versions after that write's, so the rows as
+    of end merge them again in their place, over rows as of start that hold them already: a version merged
+    twice gives what it gave once, and the later place is the one that counts."""
+    times = {t for _, meta in w.writes for t in meta.get(RUNNING_BEFORE, ()) if t <= w.start}
+    return Window(w.start, w.start, writes_of(view, times.__contains__, min(times), max(times)) if times else ())
 
 
 def read_changes(context: TableContext, index: MetadataIndex, start: Moment, end: Moment | None = None,
@@ -215,7 +234,9 @@ def changes_in(context: TableContext, index: MetadataIndex, view: TimelineView, 
         first = np.asarray(written["first"].to_numpy(), np.int64) if len(reached) == len(versions) else \
             first_writes(config, written, versions)  # a record of a unique key may have moved from beyond reach
         before = rows_as_of_start(context, index, view, w, config, written, first)
-    after = rows_at_end(config, before, versions)
+        late = written_versions(context, end_view, late_writes(view, w), [] if unique else filters, partitions,
+                                config.log_schema)
+    after = rows_at_end(config, before, [*versions, *late])
     table = change_records(config, written, before, after)
     if filters:
         table = table.filter(row_mask(table, filters))

@@ -602,18 +602,21 @@ def test_before_images_taken_before_a_concurrent_write_to_their_file_group_are_n
         *[(*change, writes[2].time) for change in late_changes]]
 
 
-def test_a_write_with_an_earlier_instant_that_completes_later_makes_the_images_before_it_stale(tmp_path):
+@pytest.mark.parametrize("early_ts", [3, 5])
+def test_a_write_with_an_earlier_instant_that_completes_later(tmp_path, early_ts):
     """Snapshots take instants by time and merge versions in the order their writes completed. A write X whose
     instant is earlier than W's and that completes after W changes rows of W's file groups in the snapshot as
     of X, rows W's images (and so its change file) lack: a window that starts at X and whose first write is W
-    must not take W's images as its rows as of start. W's commit says its images are not complete when a
-    write with an earlier instant is still running. Three processes; the chaos run's reader found it through
-    the change files (a pre-image older than the snapshot's row)."""
+    must not take W's images as its rows as of start; W's commit says its images are not complete when a write
+    with an earlier instant is still running. And in the snapshot as of W, X's versions merge after W's: with
+    equal ordering values (`early_ts` 5) X's row wins, and W changed nothing of that record. Three processes;
+    the chaos run's reader found both through the change files (a pre-image older than the snapshot's row, a
+    delete of a row the snapshot held)."""
     table = mt.Table.create(str(tmp_path / "t"), MODEL_SCHEMA, "id", "p", "ts", index=mt.IndexConfig(num_buckets=1),
                             options={"changes.before_images": True})
     seed = table.upsert(pa.Table.from_pylist(concurrency_rows([1, 2], "a", "seed", 1), schema=MODEL_SCHEMA)).instant
     early_go = tmp_path / "early"
-    early = start(table.path, "upsert", concurrency_rows([1], "a", "early", 3),
+    early = start(table.path, "upsert", concurrency_rows([1], "a", "early", early_ts),
                   **held_at("table.write.files", early_go))
     wait_held(early, early_go)
     late = start(table.path, "upsert", concurrency_rows([1, 2], "a", "late", 5))
@@ -625,15 +628,16 @@ def test_a_write_with_an_earlier_instant_that_completes_later_makes_the_images_b
     metas = [reopened.context.timeline.read_json(i) for i in writes]
     assert [(m[IMAGES_KEY], m[CHANGES_KEY]) for m in metas[1:]] == [(False, True), (False, True)]  # kept, unread
     x, w = writes[1].time, writes[2].time
+    assert metas[2]["running_before"] == [x]
+    final = "late" if early_ts < 5 else "early"  # a tie goes to the write that completed last
+    assert {r["id"]: r["v"] for r in reopened.to_arrow().to_pylist()} == {1: final, 2: "late"}
+    by_w = [(1, "early", "update_preimage", w), (1, "late", "update_postimage", w)] if final == "late" else []
+    by_w += [(2, "seed", "update_preimage", w), (2, "late", "update_postimage", w)]
     net = reopened.changes(x)
-    assert [(r["id"], r["v"], r["_change_type"]) for r in net.to_pylist()] == [
-        (1, "early", "update_preimage"), (1, "late", "update_postimage"),
-        (2, "seed", "update_preimage"), (2, "late", "update_postimage")]
+    assert [(r["id"], r["v"], r["_change_type"], r["_commit_instant"]) for r in net.to_pylist()] == by_w
     each = reopened.changes(seed, every_version=True)
     assert [(r["id"], r["v"], r["_change_type"], r["_commit_instant"]) for r in each.to_pylist()] == [
-        (1, "seed", "update_preimage", x), (1, "early", "update_postimage", x),
-        (1, "early", "update_preimage", w), (1, "late", "update_postimage", w),
-        (2, "seed", "update_preimage", w), (2, "late", "update_postimage", w)]
+        (1, "seed", "update_preimage", x), (1, "early", "update_postimage", x), *by_w]
 
 
 def test_a_writer_killed_after_its_change_file_leaves_none_behind(tmp_path):
