@@ -402,12 +402,13 @@ open({str(held)!r}, "w").close()
     assert releaser.wait(60) == 0 and cleaner.wait(60) == 0
 
 
-@pytest.mark.parametrize("point", ["changes.read", "changes.images"])
+@pytest.mark.parametrize("point", ["changes.read", "changes.images", "changes.files"])
 def test_changes_whose_before_images_a_clean_removes_meanwhile_say_so(tmp_path, monkeypatch, point):
     """A clean that completes while `changes()` runs removes the before-images of writes it no longer keeps
     readable; the read lists the images, so a removed one is only missing, and the update it held read as an
     insert (the chaos run found that). The read asks afterwards whether a clean overtook it. Held after the
-    images are listed (`changes.images`), the read meets a listed file that is gone, and says the same."""
+    images are listed (`changes.images`), the read meets a listed file that is gone, and says the same; so
+    does every version, held before it opens the change files (`changes.files`)."""
     root = str(tmp_path / "t")
     table = mt.Table.create(root, SCHEMA, "id", options={"clean.retain_commits": 1, "clean.inline": False,
                                                           "changes.before_images": True})
@@ -427,7 +428,7 @@ open({str(held)!r}, "w").close()
     monkeypatch.setenv("METATABLE_PAUSE_AT", f"{point}:{held}")
     try:
         with pytest.raises(SnapshotExpiredError, match=r"a clean removed files of .* while they were read"):
-            table.changes(start)
+            table.changes(start, every_version=point == "changes.files")
     finally:
         held.touch()
     assert cleaner.wait(60) == 0
