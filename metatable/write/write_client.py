@@ -28,6 +28,7 @@ from metatable.arrow_input import arrow_table
 from metatable.commit.conflicts import Committer
 from metatable.commit.context import TableContext
 from metatable.commit.data_commit import Commit, commit
+from metatable.commit.dual_writes import DUAL
 from metatable.commit.timeline_view import TimelineView, group_name
 from metatable.errors import InvalidInputError
 from metatable.faults import crash_point
@@ -330,7 +331,7 @@ def keep_change_file(context: TableContext, view: TimelineView, config: TableCon
     images do not hold), or wrote more than CHANGE_FILE_ROWS rows; a read of every version computes the
     changes of such a write from its files."""
     if not (config.keeps_before_images and config.merge_on_read) or not files or \
-            any(f.kind == "dual" for f in files) or sum(f.rows for f in files) > CHANGE_FILE_ROWS:
+            any(f.kind == DUAL for f in files) or sum(f.rows for f in files) > CHANGE_FILE_ROWS:
         return {}
     changes = own_changes(context, view, config, instant, [f.relative for f in files])
     write_change_file(context.storage, context.paths, config, instant, changes)
