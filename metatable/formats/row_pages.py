@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 from metatable.errors import CorruptFileError
 from metatable.formats.key_pages import OpenFile, cached_per_file, footer_fields, key_pages, open_read, parquet_footer
 from metatable.formats.thrift_compact import (
-    BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, page_locations_many, read_struct, struct_spans)
+    BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, nonnegative, page_locations_many, read_struct,
+    struct_spans)
 from metatable.parallel import thread_map
 from metatable.storage.base import Storage
 from metatable.table_config import KEY_COLUMN
@@ -353,31 +354,43 @@ def column_meta(meta: dict) -> bytes:
                           (4, I32, meta[4])])[:-1]  # without the struct's end: `mini_parquet` goes on from 4
 
 
+# thrift compact field headers: (id delta << 4) | type
+_NEXT_I64, _SKIP_I64 = bytes([0x10 | I64]), bytes([0x20 | I64])  # an i64 field 1 or 2 ids after the last
+_NEXT_STRUCT, _NEXT_LIST = bytes([0x10 | STRUCT]), bytes([0x10 | LIST])
+_ONE_STRUCT = bytes([0x10 | STRUCT])  # a list header: one element, a struct
+_END = b"\x00"
+_ROOT = encode_struct([(4, BINARY, b"schema"), (5, I32, 1)])  # the schema's root element
+
+
 def mini_parquet(element: bytes, groups: list[tuple[bytes, bytes | None, list[bytes], int]]) -> bytes:
     """A Parquet file of one column (schema element `element`) whose row groups are the given pages:
-    (column metadata from `column_meta`, dictionary page or None, data pages, rows)."""
+    (column metadata from `column_meta`, dictionary page or None, data pages, rows). Each row group's
+    structs are joined from field headers and `nonnegative` values: `encode_struct` took two thirds of the
+    3.7 ms that a `by_part` query spent here (355 row groups in 19 files; `test_mini_parquet_encodes_...`
+    holds it to `encode_struct`'s bytes)."""
     out = bytearray(b"PAR1")
     row_groups = []
     total = 0
     for meta, dictionary, pages, rows in groups:
         start = len(out)
-        dictionary_offset = None
+        dictionary_offset = b""
         if dictionary is not None:
-            dictionary_offset = len(out)
+            dictionary_offset = _SKIP_I64 + nonnegative(len(out))  # ColumnMetaData 11
             out += dictionary
         data_offset = len(out)
         for page in pages:
             out += page
-        stored = len(out) - start
+        stored = nonnegative(len(out) - start)
         uncompressed = sum(_uncompressed_size(page) for page in ([dictionary] if dictionary else []) + pages)
-        fields = [(5, I64, rows), (6, I64, uncompressed), (7, I64, stored), (9, I64, data_offset)]
-        if dictionary_offset is not None:
-            fields.append((11, I64, dictionary_offset))
-        chunk = encode_struct([(2, I64, start), (3, STRUCT, meta + encode_struct(fields, after=4))])
-        row_groups.append(encode_struct([(1, LIST, (STRUCT, [chunk])), (2, I64, stored), (3, I64, rows)]))
+        rows_value = nonnegative(rows)
+        # ColumnMetaData after its 4th field: num_values (5), sizes (6, 7), data_page_offset (9), then 11
+        column = meta + _NEXT_I64 + rows_value + _NEXT_I64 + nonnegative(uncompressed) + _NEXT_I64 + stored + \
+            _SKIP_I64 + nonnegative(data_offset) + dictionary_offset + _END
+        chunk = _SKIP_I64 + nonnegative(start) + _NEXT_STRUCT + column + _END  # ColumnChunk: file_offset (2), 3
+        # RowGroup: columns (1), total_byte_size (2), num_rows (3)
+        row_groups.append(_NEXT_LIST + _ONE_STRUCT + chunk + _NEXT_I64 + stored + _NEXT_I64 + rows_value + _END)
         total += rows
-    root = encode_struct([(4, BINARY, b"schema"), (5, I32, 1)])
-    footer = encode_struct([(1, I32, 1), (2, LIST, (STRUCT, [root, element])), (3, I64, total),
+    footer = encode_struct([(1, I32, 1), (2, LIST, (STRUCT, [_ROOT, element])), (3, I64, total),
                             (4, LIST, (STRUCT, row_groups))])
     out += footer + len(footer).to_bytes(4, "little") + b"PAR1"
     return bytes(out)

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from metatable.formats.key_pages import write_options
 from metatable.formats.row_pages import chunk_reads, file_pages, mini_parquet, read_rows, rows_of_keys
-from metatable.formats.thrift_compact import read_struct
+from metatable.formats.thrift_compact import BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, read_struct
 from metatable.storage.local import LocalStorage
 from metatable.table_config import KEY_COLUMN
 
@@ -112,6 +112,51 @@ def test_a_mini_file_is_a_parquet_file_of_the_chosen_pages(files):
                                                      [(chunk.meta, raw[offset:offset + size], data, rows)])))
     expected = pa.concat_arrays([table["i"].combine_chunks()[chunk.first_rows[p]:ends[p]] for p in chosen])
     assert got["i"].combine_chunks().equals(expected)
+
+
+def generic_mini_parquet(element: bytes, groups: list[tuple[bytes, bytes | None, list[bytes], int]]) -> bytes:
+    """The model: `mini_parquet`'s file with every struct through `encode_struct`."""
+    def uncompressed(page: bytes) -> int:
+        sizes = leading_ints(page, 3)
+        return len(page) if sizes is None else len(page) - sizes[2] + sizes[1]
+    out, row_groups, total = bytearray(b"PAR1"), [], 0
+    for meta, dictionary, pages, rows in groups:
+        start, dictionary_offset = len(out), None
+        if dictionary is not None:
+            dictionary_offset = len(out)
+            out += dictionary
+        data_offset = len(out)
+        for page in pages:
+            out += page
+        stored = len(out) - start
+        fields = [(5, I64, rows), (6, I64, sum(uncompressed(p) for p in ([dictionary] if dictionary else []) + pages)),
+                  (7, I64, stored), (9, I64, data_offset)] + \
+            ([(11, I64, dictionary_offset)] if dictionary_offset is not None else [])
+        chunk = encode_struct([(2, I64, start), (3, STRUCT, meta + encode_struct(fields, after=4))])
+        row_groups.append(encode_struct([(1, LIST, (STRUCT, [chunk])), (2, I64, stored), (3, I64, rows)]))
+        total += rows
+    root = encode_struct([(4, BINARY, b"schema"), (5, I32, 1)])
+    footer = encode_struct([(1, I32, 1), (2, LIST, (STRUCT, [root, element])), (3, I64, total),
+                            (4, LIST, (STRUCT, row_groups))])
+    return bytes(out + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+
+
+PAGE = st.one_of(st.binary(max_size=300), st.integers(0, 2**31 - 1).map(
+    lambda n: encode_struct([(1, I32, 0), (2, I32, n), (3, I32, 40)])[:-1] + b"\x00" * 40))  # a header's sizes
+GROUP = st.tuples(st.binary(max_size=40), st.one_of(st.none(), PAGE), st.lists(PAGE, max_size=4),
+                  st.integers(0, 2**40))
+
+
+@settings(max_examples=300, deadline=None)
+@given(element=st.binary(max_size=30), groups=st.lists(GROUP, max_size=5),
+       padding=st.integers(0, 2**20))
+def test_mini_parquet_encodes_what_encode_struct_encodes(element, groups, padding):
+    """Its row groups, joined from field headers and values, are byte for byte `encode_struct`'s, with offsets
+    and counts of one to six varint bytes (`padding` grows the first page)."""
+    if groups and groups[0][2]:
+        meta, dictionary, pages, rows = groups[0]
+        groups = [(meta, dictionary, [pages[0] + b"\x00" * padding, *pages[1:]], rows), *groups[1:]]
+    assert mini_parquet(element, groups) == generic_mini_parquet(element, groups)
 
 
 def test_a_read_takes_the_dictionary_page_only_for_dictionary_encoded_pages(files):
