@@ -328,8 +328,9 @@ def keep_change_file(context: TableContext, view: TimelineView, config: TableCon
     """With before-images kept, an in-process merge-on-read write also keeps its change records
     (`read.changes.own_changes`) in a change file: the commit metadata that says so, or nothing. Not where it
     rewrote bases (copy-on-write: that would read the old and new bases again), dual-wrote into a resize (its
-    images do not hold), or wrote more than CHANGE_FILE_ROWS rows; a read of every version computes the
-    changes of such a write from its files."""
+    images do not hold), or wrote more than CHANGE_FILE_ROWS rows; nor (the caller's part) a Spark write, whose
+    records would be gathered on the driver, or one that changes the schema. A read of every version computes
+    the changes of such a write from its files."""
     if not (config.keeps_before_images and config.merge_on_read) or not files or \
             any(f.kind == DUAL for f in files) or sum(f.rows for f in files) > CHANGE_FILE_ROWS:
         return {}
