@@ -17,7 +17,7 @@ from metatable.file_group.record_merge import SEQ_COLUMN, merge_each, merge_vers
 from metatable.formats.data_log import read_data_log
 from metatable.formats.key_pages import (ParquetFooter, footer_fields, key_pages, parquet_footer, tail_of,
                                          too_many_to_probe, worth_probing)
-from metatable.formats.row_pages import read_rows, rows_of_keys
+from metatable.formats.row_pages import read_rows_of_keys
 from metatable.parallel import arrow_threads, thread_map
 from metatable.schema_evolution import in_schema
 from metatable.storage.base import Storage
@@ -293,9 +293,10 @@ def stored_columns(storage: Storage, paths: TablePaths, config: TableConfig, fs:
     path = base_path(paths, fs) if with_base else None
     base = schema.empty_table()
     if path:
-        plan = rows_of_keys(storage, [path], [keys])[0] if worth_probing(storage, path, len(keys)) else None
-        rows = read_rows([plan], schema.names)[0] if plan is not None else \
-            read_base(storage, path, storage_schema, schema.names, config.known_columns)
+        rows = read_rows_of_keys(storage, [path], [keys], schema.names)[0] \
+            if worth_probing(storage, path, len(keys)) else None
+        if rows is None:
+            rows = read_base(storage, path, storage_schema, schema.names, config.known_columns)
         base = pa.table([rows[f.name].cast(f.type) for f in schema], schema=schema)
         base = base.filter(pc.is_in(base[KEY_COLUMN], value_set=keys))
     if logs is None:

@@ -11,7 +11,7 @@ from metatable.file_group.file_slice import FileSlice
 from metatable.file_group.record_merge import merge_versions
 from metatable.file_group.slice_reader import base_path, log_tables, read_slice
 from metatable.formats.key_pages import key_pages, worth_probing
-from metatable.formats.row_pages import FEW_ROWS, read_rows, rows_of_keys
+from metatable.formats.row_pages import FEW_ROWS, read_rows_of_keys
 from metatable.parallel import thread_map
 from metatable.schema_evolution import in_schema
 from metatable.storage.base import Storage
@@ -29,10 +29,9 @@ def slice_rows(storage: Storage, paths: TablePaths, config: TableConfig, slices:
     storage_schema = config.storage_schema
     paged = [i for i, (fs, keys) in enumerate(slices)
              if fs.base and few_keys(storage, base_path(paths, fs), keys)]
-    plans = rows_of_keys(storage, [base_path(paths, slices[i][0]) for i in paged],
-                         [slices[i][1] for i in paged])
-    readable = [(i, plan) for i, plan in zip(paged, plans) if plan is not None]
-    bases = dict(zip([i for i, _ in readable], read_rows([plan for _, plan in readable], storage_schema.names)))
+    read = read_rows_of_keys(storage, [base_path(paths, slices[i][0]) for i in paged], [slices[i][1] for i in paged],
+                             storage_schema.names)
+    bases = {i: rows for i, rows in zip(paged, read) if rows is not None}
 
     def rows_of(i: int) -> pa.Table:
         fs, keys = slices[i]

@@ -132,14 +132,15 @@ def _uniform_locations(buffers: Sequence[bytes]) -> list[tuple[np.ndarray, np.nd
     if (widths[:, 0::2] != 1).any() or (data[starts[:, 0::2]] != _LOCATION_HEADERS).any() \
             or (widths[:, 1::2] > 10).any():
         return None
-    # each byte's 7 bits, shifted to their place in its token's varint, summed per token: one pass over the
-    # bytes (0.61 ms for an SF 1 file's, against 0.69 ms gathering every varint padded to the widest)
-    flat = starts.ravel()
-    token_start = np.zeros(len(data), dtype=np.int64)
-    token_start[flat] = flat
-    np.maximum.accumulate(token_start, out=token_start)
-    shift = np.minimum(7 * (np.arange(len(data)) - token_start), 63).astype(np.uint64)
-    n = np.add.reduceat((data & 0x7F).astype(np.uint64) << shift, flat).reshape(-1, _LOCATION_TOKENS)[:, 1::2]
+    # the varints' j-th bytes, for each j up to the widest: a pass over the values, not over every byte (an SF 1
+    # file's 18 offset indexes, 1,656 locations in 43 KB: 440 -> 123 us; a per-byte shift summed per token)
+    value_starts, value_widths = starts[:, 1::2].ravel(), widths[:, 1::2].ravel()
+    n = np.zeros(len(value_starts), np.uint64)
+    for j in range(int(value_widths.max(initial=0))):
+        seven = data[np.minimum(value_starts + j, len(data) - 1)] & np.uint8(0x7F)
+        seven[value_widths <= j] = 0
+        n |= seven.astype(np.uint64) << np.uint64(7 * j)
+    n = n.reshape(-1, 3)
     values = (n >> np.uint64(1)).astype(np.int64) ^ -(n & np.uint64(1)).astype(np.int64)
     splits = np.cumsum(sizes)[:-1]
     return [(part[:, 0].copy(), part[:, 1].copy(), part[:, 2].copy()) for part in np.split(values, splits)]

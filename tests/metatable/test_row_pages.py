@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -10,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from metatable.errors import CorruptFileError
 from metatable.formats.key_pages import write_options
-from metatable.formats.row_pages import chunk_reads, file_pages, mini_parquet, read_rows, rows_of_keys
+from metatable.formats.row_pages import column_reads, file_pages, mini_parquet, read_rows, read_rows_of_keys
 from metatable.formats.thrift_compact import BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, read_struct
 from metatable.storage.local import LocalStorage
 from metatable.table_config import KEY_COLUMN
@@ -50,11 +52,13 @@ def sample_table(seed: int) -> pa.Table:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     out = []
-    for seed, row_group in ((1, ROWS), (2, 2_500)):  # one row group, then several
+    # one row group, then several; the third file's pages are another codec's, so they join no row group of
+    # the others' in a read of all three (`_read_column`)
+    for seed, row_group, codec in ((1, ROWS, "zstd"), (2, 2_500, "zstd"), (3, 4_000, "snappy")):
         table = sample_table(seed)
         path = str(tmp_path_factory.mktemp("pages") / f"f{seed}.parquet")
         pq.write_table(table, path, row_group_size=row_group,
-                       **write_options(table, "zstd", "lz4_raw", 1024))
+                       **write_options(table, codec, "lz4_raw", 1024))
         out.append((path, table))
     return out
 
@@ -68,8 +72,32 @@ def test_pages_are_short_and_indexed(files):
     assert "PLAIN" in encodings and "RLE_DICTIONARY" in encodings, "the comment dictionary overflowed to PLAIN"
 
 
+def test_a_damaged_page_among_many_files_names_its_file(files, tmp_path):
+    """The pages of many files decode together, in one row group where they can: a page that does not
+    decode names its own file, not the first of the read."""
+    copies = []
+    for i, (path, _) in enumerate(files[:2] * 2):
+        copy = str(tmp_path / f"c{i}.parquet")
+        shutil.copy(path, copy)
+        copies.append(copy)
+    damaged = copies[2]
+    pages = file_pages(LOCAL, damaged)
+    chunk = pages.row_groups[0][pages.names.index("f")]
+    offset, size = int(chunk.offsets[1]), int(chunk.sizes[1])
+    data = bytearray(open(damaged, "rb").read())
+    data[offset + size - 3] ^= 0xFF  # inside the page's values: its checksum no longer holds
+    open(damaged, "wb").write(data)
+    rows = int(chunk.first_rows[1]) + np.arange(3)
+    wanted = [(file_pages(LOCAL, copy), rows) for copy in copies]
+    [read] = column_reads(wanted[0][0], rows, [pages.names.index("f")])
+    assert [run.dictionary for run in read.runs] == [None]
+    with pytest.raises(CorruptFileError) as raised:
+        read_rows(wanted, ["i", "f"])
+    assert raised.value.path == damaged
+
+
 @settings(max_examples=40, deadline=None)
-@given(picks=st.lists(st.lists(st.integers(0, ROWS - 1), max_size=30, unique=True), min_size=2, max_size=2),
+@given(picks=st.lists(st.lists(st.integers(0, ROWS - 1), max_size=30, unique=True), min_size=3, max_size=3),
        columns=st.lists(st.sampled_from(["i", "small", "f", "flag", "comment", "d", "ts", "price", "signed", "wide",
                                          "huge", KEY_COLUMN]), min_size=1, max_size=12, unique=True))
 def test_read_rows_equals_take(files, picks, columns):
@@ -91,9 +119,10 @@ def test_rows_of_keys_finds_exactly_the_held_keys(files, picks, absent):
     for path, table in files:
         held = set(table[KEY_COLUMN].to_pylist())
         keys = [table[KEY_COLUMN][i].as_py() for i in picks] + [f"k{a:08d}" for a in absent]
-        [(_, rows)] = rows_of_keys(LOCAL, [path], [pa.array(keys)])
+        [got] = read_rows_of_keys(LOCAL, [path], [pa.array(keys)], ["i", KEY_COLUMN, "comment"])
         expected = sorted(i for i, k in enumerate(table[KEY_COLUMN].to_pylist()) if k in set(keys) & held)
-        assert rows.tolist() == expected
+        assert got.column_names == ["i", KEY_COLUMN, "comment"]
+        assert got.equals(table.select(got.column_names).take(expected))
 
 
 def test_a_mini_file_is_a_parquet_file_of_the_chosen_pages(files):
@@ -179,10 +208,11 @@ def test_a_read_takes_the_dictionary_page_only_for_dictionary_encoded_pages(file
         assert overflowed, "a comment dictionary overflowed to PLAIN"
         start, chunk = overflowed[0]
         plain = start + int(chunk.first_rows[chunk.dictionary_pages]) + np.arange(5)
-        [read] = chunk_reads(pages, plain, column)
-        assert not read.needs_dictionary and chunk.dictionary[::-1] not in read.ranges()
-        [read] = chunk_reads(pages, np.r_[start, plain], column)  # the chunk's first page is dictionary-encoded
-        assert read.needs_dictionary and chunk.dictionary[::-1] in read.ranges()
+        [read] = column_reads(pages, plain, [column])
+        assert [run.dictionary for run in read.runs] == [None] and chunk.dictionary[::-1] not in read.ranges()
+        [read] = column_reads(pages, np.r_[start, plain], [column])  # the chunk's first page is dictionary-encoded
+        assert [run.dictionary for run in read.runs] == [chunk.dictionary[::-1]]
+        assert chunk.dictionary[::-1] in read.ranges()
         for rows in (plain, np.r_[start, plain]):
             [got] = read_rows([(pages, rows)], ["comment"])
             assert got["comment"].combine_chunks().equals(table["comment"].combine_chunks().take(rows)), path
