@@ -115,6 +115,15 @@ def test_local_maps_serve_a_files_current_content_within_their_bounds(tmp_path, 
         assert maps[name].read_at(3, 97) == name.encode() * 3
     assert storage.open_mapped(str(tmp_path / "c")) is maps["c"]
     assert storage.open_mapped(str(tmp_path / "a")) is not maps["a"]  # evicted: two maps are kept
+    monkeypatch.setattr(local, "MAPPED_FILES", 100)
+    monkeypatch.setattr(local, "MAPPED_BYTES", 250)  # now their bytes bound them: two of 100 bytes
+    for name in ("d", "e", "f"):
+        with open(tmp_path / name, "wb") as f:
+            f.write(name.encode() * 100)
+        maps[name] = storage.open_mapped(str(tmp_path / name))
+    assert storage.open_mapped(str(tmp_path / "f")) is maps["f"]
+    assert storage.open_mapped(str(tmp_path / "e")) is maps["e"]
+    assert storage.open_mapped(str(tmp_path / "d")) is not maps["d"]
     assert local.mapped_bytes_read() - before == 4 + 4 + 9
     empty = str(tmp_path / "empty")
     open(empty, "wb").close()
