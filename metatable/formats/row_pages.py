@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 from metatable.errors import CorruptFileError
 from metatable.formats.key_pages import OpenFile, cached_per_file, footer_fields, key_pages, open_read, parquet_footer
 from metatable.formats.thrift_compact import (
-    BINARY, I32, I64, LIST, STRUCT, encode_struct, leading_ints, nonnegative, page_locations_many, read_struct,
-    struct_spans)
+    BINARY, I32, I64, LIST, STRUCT, encode_struct, field_span, leading_ints, nonnegative, page_locations_many,
+    read_struct, struct_spans)
 from metatable.parallel import thread_map
 from metatable.storage.base import Storage
 from metatable.table_config import KEY_COLUMN
@@ -36,6 +36,7 @@ _BYTE_ARRAY = 6  # the physical type of strings and binaries
 _FIXED_LEN_BYTE_ARRAY = 7
 _DECIMAL = 5  # ConvertedType, and the LogicalType union's field
 FEW_ROWS = 8  # a read of fewer rows decodes its pages in the calling thread (`parallel.thread_map`)
+_COPY_NAME = b"v"  # the column of every copy of pages (`mini_parquet`): one name for columns of one kind
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class PageIndex:
     row): one `searchsorted` finds the page of every (column, row) a read wants (`column_reads`). They were
     found column chunk by column chunk, ~20 numpy calls each, and a `by_part` query asks 19 files for 18
     columns: its column reads, replayed, took 15.4-19.1 ms so and 10.9-11.9 ms now (with the row groups
-    `_read_column` joins, and the key column taken from the key read, `read_rows_of_keys`)."""
+    `_read_kind` joins, and the key column taken from the key read, `read_rows_of_keys`)."""
 
     keys: np.ndarray  # column << _ROW_BITS | the page's first file row
     rows: np.ndarray  # rows in each page
@@ -179,22 +180,65 @@ def file_pages(storage: Storage, path: str) -> FilePages | None:
 
 
 def read_rows(wanted: Sequence[tuple[FilePages, np.ndarray]], columns: Sequence[str]) -> list[pa.Table]:
-    """For each (file, ascending file rows): those rows of `columns`, each column of all the files decoded
-    from one small Parquet file of the pages that hold them. On an object store every page a file's rows need,
-    of every column, is fetched first in one call (`Storage.read_ranges`: near pages in one request, the others
-    in parallel): read column by column, a `get` of 1,000 keys at SF 0.1 made 296 ranged requests."""
+    """For each (file, ascending file rows): those rows of `columns`, the pages that hold them copied into
+    small Parquet files, one per kind of column (`_Kind`), each decoded once. On an object store every page a
+    file's rows need, of every column, is fetched first in one call (`Storage.read_ranges`: near pages in one
+    request, the others in parallel): read column by column, a `get` of 1,000 keys at SF 0.1 made 296 ranged
+    requests."""
     reads = [_file_reads(pages, rows, columns) for pages, rows in wanted]
     fetched = _prefetched(wanted, reads)
     out: list[dict[str, pa.Array]] = [{} for _ in wanted]
+    kinds = _kinds(wanted, reads, columns)
     with contextlib.ExitStack() as stack:
         files = {pages.path: stack.enter_context(open_read(pages.storage, pages.path)) for pages, _ in wanted}
         # decoding frees the GIL
         parallel = sum(len(rows) for _, rows in wanted) >= FEW_ROWS
-        for name, arrays in zip(columns, thread_map(lambda name: _read_column(wanted, reads, name, files, fetched),
-                                                    columns, parallel)):
-            for i, array in enumerate(arrays):
+        for kind, arrays in zip(kinds, thread_map(lambda kind: _read_kind(wanted, reads, kind, files, fetched),
+                                                  kinds, parallel)):
+            for (name, i), array in zip(kind.pieces, arrays):
                 out[i][name] = array
-    return [pa.table(arrays) if columns else pa.table({}) for arrays in out]
+    # nulls for a column added after the file was written
+    return [pa.table({name: arrays.get(name, pa.nulls(len(rows))) for name in columns})
+            for arrays, (_, rows) in zip(out, wanted)]
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """Columns whose pages decode together: one schema element once named alike (`_unnamed`), and for strings,
+    whether every page read is dictionary-encoded (`_decode`). The pages of a `get_by`'s one row took 17
+    decodes, one per lineitem column, ~40 us of pyarrow and ~60 us of Python each."""
+
+    element: bytes
+    dictionary: bool
+    pieces: tuple[tuple[str, int], ...]  # (column, file number) in the order of the decoded rows
+
+
+def _kinds(wanted: Sequence[tuple[FilePages, np.ndarray]], reads: Sequence[dict[str, ColumnRead]],
+           columns: Sequence[str]) -> list[_Kind]:
+    """Every (column, file) to read, by the kind its pages decode as."""
+    only: dict[tuple[str, bytes], bool] = {}  # (column, element) -> every page read is dictionary-encoded
+    pieces = []
+    for name in columns:
+        for i, ((pages, _), file_reads) in enumerate(zip(wanted, reads)):
+            if name in pages.names:
+                element = pages.elements[pages.names.index(name)]
+                read = file_reads.get(name)
+                only[name, element] = only.get((name, element), True) and (read is None or read.dictionary_only)
+                pieces.append((name, i, element))
+    kinds: dict[tuple[bytes, bool], list[tuple[str, int]]] = {}
+    for name, i, element in pieces:
+        strings = leading_ints(element, 1) == [_BYTE_ARRAY]
+        kinds.setdefault((_unnamed(element), strings and only[name, element]), []).append((name, i))
+    return [_Kind(element, dictionary, tuple(kind_pieces)) for (element, dictionary), kind_pieces in kinds.items()]
+
+
+@functools.lru_cache(maxsize=1024)
+def _unnamed(element: bytes) -> bytes:
+    """A column's schema element under the name of every copy's column (`_COPY_NAME`)."""
+    start, end = field_span(element, 4, "a schema element") or (0, 0)
+    if not end:
+        raise CorruptFileError("a schema element", "it has no name")
+    return element[:start] + bytes([len(_COPY_NAME)]) + _COPY_NAME + element[end:]
 
 
 def _file_reads(pages: FilePages, rows: np.ndarray, columns: Sequence[str]) -> dict[str, ColumnRead]:
@@ -291,84 +335,64 @@ def _prefetched(wanted: Sequence[tuple[FilePages, np.ndarray]],
     return out
 
 
-def _read_column(wanted: Sequence[tuple[FilePages, np.ndarray]], reads: Sequence[dict[str, ColumnRead]], name: str,
-                 files: dict[str, OpenFile], fetched: dict[str, dict[tuple[int, int], bytes]]) -> list[pa.Array]:
-    """One column of the wanted rows. `files`: each file opened once for every column (ranged reads are
-    thread-safe): opened per column, the opens and their stats were a tenth of a `get_by`.
+def _read_kind(wanted: Sequence[tuple[FilePages, np.ndarray]], reads: Sequence[dict[str, ColumnRead]], kind: _Kind,
+               files: dict[str, OpenFile], fetched: dict[str, dict[tuple[int, int], bytes]]) -> list[pa.Array]:
+    """The wanted rows of each of the kind's (column, file), its pages decoded together. `files`: each file
+    opened once for every column (ranged reads are thread-safe): opened per column, the opens and their stats
+    were a tenth of a `get_by`.
 
     Pages that need no dictionary page join the row group before them where the column chunks' metadata is the
-    same, so one row group holds the pages of many files: a `by_part` query's mini files held 342 row groups,
-    243 so (most of lineitem's columns are dictionary-encoded, and a dictionary page starts a row group)."""
-    variants: dict[bytes, list[list]] = {}  # files whose column has another schema element get their own copy
-    decoded_rows: dict[bytes, int] = {}  # rows each variant's copy holds so far
-    dictionary_only: dict[bytes, bool] = {}  # whether every page of a variant's copy is dictionary-encoded
-    owned: dict[bytes, list[tuple[str, tuple]]] = {}  # each file's own row groups, to name a damaged file
-    places: list[tuple[bytes | None, np.ndarray]] = []
-    for (pages, rows), file_reads in zip(wanted, reads):
-        if name not in pages.names:  # a column added after the file was written: its rows read as nulls
-            places.append((None, rows))
-            continue
-        element = pages.elements[pages.names.index(name)]
-        groups = variants.setdefault(element, [])
-        read = file_reads.get(name)
+    same, so one row group holds the pages of many files and columns: a `by_part` query's mini files held 342
+    row groups, 243 so (most of lineitem's columns are dictionary-encoded, and a dictionary page starts a row
+    group)."""
+    groups: list[list] = []
+    owned: list[tuple[str, str, tuple]] = []  # each (file, column)'s own row groups, to name a damaged one
+    places: list[np.ndarray | None] = []
+    decoded_rows = 0
+    for name, i in kind.pieces:
+        pages, _ = wanted[i]
+        read = reads[i].get(name)
         if read is None:  # no rows wanted from this file
-            places.append((element, np.zeros(0, dtype=np.int64)))
+            places.append(None)
             continue
-        base = decoded_rows.get(element, 0)
         ranges = read.ranges()
         have = fetched.get(pages.path)
         data = [have[r] for r in ranges] if have is not None else files[pages.path].read_many(ranges)
+        places.append(decoded_rows + read.positions)
         at = 0
         for run in read.runs:
             chosen = data[at:at + len(run.pages)]
             at += len(run.pages)
             dictionary = data[at] if run.dictionary else None
             at += dictionary is not None
-            owned.setdefault(element, []).append((pages.path, (run.meta, dictionary, chosen, run.rows)))
+            owned.append((pages.path, name, (run.meta, dictionary, chosen, run.rows)))
             if dictionary is None and groups and groups[-1][0] == run.meta:
                 groups[-1][2].extend(chosen)
                 groups[-1][3] += run.rows
             else:
                 groups.append([run.meta, dictionary, list(chosen), run.rows])
-            base += run.rows
-        dictionary_only[element] = dictionary_only.get(element, True) and read.dictionary_only
-        places.append((element, decoded_rows.get(element, 0) + read.positions))
-        decoded_rows[element] = base
-    decoded = {}
-    for element, groups in variants.items():
-        if groups:
-            try:
-                decoded[element] = _decode(element, groups, name if dictionary_only[element] else None)
-            except (OSError, pa.ArrowException) as e:
-                raise _damaged(element, owned[element], name, e) from None
-    return _taken(decoded, places)
-
-
-def _taken(decoded: dict[bytes, pa.Array], places: list[tuple[bytes | None, np.ndarray]]) -> list[pa.Array]:
-    """Each file's rows of a column: one take of every file's rows from each variant's decoded pages, then a
-    slice per file (a take per file and column was a seventh of a `get_by`'s decoding threads)."""
-    taken = {}
-    for element, array in decoded.items():
-        positions = [p for e, p in places if e == element]
-        taken[element] = _values(array.take(pa.array(np.concatenate(positions))), element)
-    out, start = [], dict.fromkeys(decoded, 0)
-    for element, positions in places:
-        if element is None:
-            out.append(pa.nulls(len(positions)))
-        elif element not in taken:  # no row of the column read in any file of this variant
-            out.append(pa.array([], pa.null()))
-        else:
-            out.append(taken[element].slice(start[element], len(positions)))
-            start[element] += len(positions)
+            decoded_rows += run.rows
+    if not groups:
+        return [pa.array([], pa.null()) for _ in kind.pieces]
+    try:
+        decoded = _decode(kind.element, groups, kind.dictionary)
+    except (OSError, pa.ArrowException) as e:
+        raise _damaged(kind.element, owned, e) from None
+    # one take of every file's rows (a take per file and column was a seventh of a `get_by`'s decoding threads)
+    taken = _values(decoded.take(pa.array(np.concatenate([p for p in places if p is not None]))), kind.element)
+    out, start = [], 0
+    for positions in places:
+        count = 0 if positions is None else len(positions)
+        out.append(taken.slice(start, count))
+        start += count
     return out
 
 
-def _decode(element: bytes, groups: list[tuple], dictionary_column: str | None = None) -> pa.Array:
+def _decode(element: bytes, groups: list[tuple], as_dictionary: bool = False) -> pa.Array:
     """The pages decoded. `ParquetFile`, not `pq.read_table`: that imports `pyarrow.dataset` (and pandas) on
     first use, 0.15 s that a `get` in a fresh process would pay.
 
-    Strings whose chosen pages are all dictionary-encoded (`dictionary_column`, the column's name) decode
-    as a dictionary array, indices only: the caller takes its few rows, then `_values` decodes those. A
+    Strings whose chosen pages are all dictionary-encoded (`as_dictionary`) decode as a dictionary array, indices only: the caller takes its few rows, then `_values` decodes those. A
     dictionary-encoded page holds up to 2,048 rows (`key_pages.MAX_ROWS_PER_PAGE`) for the one or two
     wanted; lineitem's four such columns took 0.83-1.34 ms each decoded whole for one `get_by`, 0.42-0.48
     ms so (22 pages in 13 row groups, 45,056 rows, for 31).
@@ -376,11 +400,10 @@ def _decode(element: bytes, groups: list[tuple], dictionary_column: str | None =
     Decimals stored as fixed-length bytes decode as those bytes (`_fixed_decimal`), and `_values` makes
     decimals of the rows taken: pyarrow's conversion of every decoded row took 1.0-1.6 ms a column for
     lineitem's four, the bytes 0.5-1.0 ms."""
-    as_dictionary = dictionary_column is not None and leading_ints(element, 1) == [_BYTE_ARRAY]
     decimal = _fixed_decimal(element)
     with pq.ParquetFile(pa.BufferReader(mini_parquet(decimal[0] if decimal else element, groups)),
                         page_checksum_verification=True,
-                        read_dictionary=[dictionary_column] if as_dictionary else None) as file:
+                        read_dictionary=[_COPY_NAME.decode()] if as_dictionary else None) as file:
         return file.read(use_threads=False).column(0).combine_chunks()
 
 
@@ -417,14 +440,15 @@ def _values(array: pa.Array, element: bytes) -> pa.Array:
     return pa.Array.from_buffers(decimal[1], len(array), [validity, pa.py_buffer(out)], offset=array.offset)
 
 
-def _damaged(element: bytes, owned: list[tuple[str, tuple]], name: str, error: Exception) -> CorruptFileError:
-    """The error naming the file whose pages do not decode: each file's pages decoded on their own."""
-    for path in dict.fromkeys(path for path, _ in owned):
+def _damaged(element: bytes, owned: list[tuple[str, str, tuple]], error: Exception) -> CorruptFileError:
+    """The error naming the file whose pages do not decode: each file's pages of each column decoded alone."""
+    for path, name in dict.fromkeys((path, name) for path, name, _ in owned):
         try:
-            _decode(element, [group for owner, group in owned if owner == path])
+            _decode(element, [group for owner, column, group in owned if (owner, column) == (path, name)])
         except (OSError, pa.ArrowException) as e:
             return CorruptFileError(path, f"the pages of column {name!r} do not decode: {e}")
-    return CorruptFileError(owned[0][0], f"the pages of column {name!r} do not decode together: {error}")
+    return CorruptFileError(owned[0][0], f"the pages of columns {sorted({name for _, name, _ in owned})} do not "
+                                         f"decode together: {error}")
 
 
 def _uncompressed_size(page: bytes) -> int:
@@ -434,9 +458,10 @@ def _uncompressed_size(page: bytes) -> int:
 
 
 def column_meta(meta: dict) -> bytes:
-    """The fields of a column chunk's ColumnMetaData that a copy of its pages keeps (type, encodings, path,
-    codec), encoded once per file: encoding them for every copy was a third of `mini_parquet`'s time."""
-    return encode_struct([(1, I32, meta[1]), (2, LIST, (I32, meta[2])), (3, LIST, (BINARY, meta[3])),
+    """The fields of a column chunk's ColumnMetaData that a copy of its pages keeps (type, encodings, codec),
+    with the path of the copy's column (`_COPY_NAME`), encoded once per file: encoding them for every copy was
+    a third of `mini_parquet`'s time."""
+    return encode_struct([(1, I32, meta[1]), (2, LIST, (I32, meta[2])), (3, LIST, (BINARY, [_COPY_NAME])),
                           (4, I32, meta[4])])[:-1]  # without the struct's end: `mini_parquet` goes on from 4
 
 

@@ -287,6 +287,22 @@ def _take(buffer: bytes, position: int, n: int) -> tuple[bytes, int]:
     return buffer[position:end], end
 
 
+def field_span(buffer: bytes, field: int, what: str) -> tuple[int, int] | None:
+    """Where the value of field `field` of the struct at the start of `buffer` starts and ends, None where the
+    struct lacks it: a writer can replace it (a schema element's name)."""
+    field_id, position = 0, 0
+    try:
+        while True:
+            kind, field_id, start = _field_header(buffer, position, field_id)
+            if kind == 0:
+                return None
+            position = start if kind <= _BOOL_FALSE else _value(buffer, start, kind, what)[1]
+            if field_id == field:
+                return start, position
+    except (IndexError, struct.error):
+        raise CorruptFileError(what, "thrift data ends inside a value") from None
+
+
 def struct_spans(buffer: bytes, position: int, field: int, what: str) -> list[tuple[int, int]]:
     """Where each struct of the list in field `field` of the struct at `position` starts and ends, so that
     a writer can copy them verbatim (a Parquet footer's schema elements)."""
