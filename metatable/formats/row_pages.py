@@ -392,10 +392,11 @@ def _decode(element: bytes, groups: list[tuple], as_dictionary: bool = False) ->
     """The pages decoded. `ParquetFile`, not `pq.read_table`: that imports `pyarrow.dataset` (and pandas) on
     first use, 0.15 s that a `get` in a fresh process would pay.
 
-    Strings whose chosen pages are all dictionary-encoded (`as_dictionary`) decode as a dictionary array, indices only: the caller takes its few rows, then `_values` decodes those. A
-    dictionary-encoded page holds up to 2,048 rows (`key_pages.MAX_ROWS_PER_PAGE`) for the one or two
-    wanted; lineitem's four such columns took 0.83-1.34 ms each decoded whole for one `get_by`, 0.42-0.48
-    ms so (22 pages in 13 row groups, 45,056 rows, for 31).
+    Strings whose chosen pages are all dictionary-encoded (`as_dictionary`) decode as a dictionary array,
+    indices only: the caller takes its few rows, then `_values` decodes those. A dictionary-encoded page holds
+    up to 2,048 rows (`key_pages.MAX_ROWS_PER_PAGE`) for the one or two wanted; lineitem's four such columns
+    took 0.83-1.34 ms each decoded whole for one `get_by`, 0.42-0.48 ms so (22 pages in 13 row groups, 45,056
+    rows, for 31).
 
     Decimals stored as fixed-length bytes decode as those bytes (`_fixed_decimal`), and `_values` makes
     decimals of the rows taken: pyarrow's conversion of every decoded row took 1.0-1.6 ms a column for
