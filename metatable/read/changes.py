@@ -114,11 +114,11 @@ def window(view: TimelineView, start: Moment, end: Moment | None) -> Window:
 
 def writes_of(view: TimelineView, wanted: Callable[[str], bool], first: str, last: str
               ) -> tuple[tuple[str, Content], ...]:
-    """The completed writes whose instant times are `wanted` (all between `first` and `last`), archived ones
-    too, each with its commit metadata, oldest first."""
+    """The completed writes whose instant times are `wanted` (all in [`first`, `last`]), archived ones too
+    (`until`, the newest archived time, is itself archived), each with its commit metadata, oldest first."""
     writes = {i.time: i for i in view.completed if i.action in WRITE_ACTIONS and wanted(i.time)}
     found = [(t, view.timeline.read_json(i)) for t, i in sorted(writes.items())]
-    if first < view.archived.until:
+    if first <= view.archived.until:
         found += [(i.time, content) for i, content in view.timeline.archive.read(first, last)
                   if i.action in WRITE_ACTIONS and wanted(i.time) and i.time not in writes]
     return tuple(sorted(found, key=lambda w: w[0]))

@@ -19,6 +19,7 @@ import metatable as mt
 from metatable.errors import InvalidInputError, SnapshotExpiredError
 from metatable.file_group.before_images import CHANGES_KEY, IMAGES_KEY, instants_with_images
 from metatable.read import changes as changes_module
+from metatable.services import archival
 from metatable.timeline.instant import datetime_from_time, moment_time
 
 from .change_stream_child import copy_changes
@@ -639,6 +640,11 @@ def test_a_write_with_an_earlier_instant_that_completes_later(tmp_path, early_ts
     each = reopened.changes(seed, every_version=True)
     assert [(r["id"], r["v"], r["_change_type"], r["_commit_instant"]) for r in each.to_pylist()] == [
         (1, "seed", "update_preimage", x), (1, "early", "update_postimage", x), *by_w]
+    # X archived, the newest archived instant (the archive's `until`): the window still merges its versions
+    archiving = mt.Table.open(table.path, options={"archive.max_instants": 2, "archive.min_instants": 1})
+    assert archival.archive(archiving.context) == 2 and archiving.context.timeline.archive.summary().until == x
+    net = archiving.changes(x)
+    assert [(r["id"], r["v"], r["_change_type"], r["_commit_instant"]) for r in net.to_pylist()] == by_w
 
 
 def test_a_writer_killed_after_its_change_file_leaves_none_behind(tmp_path):
